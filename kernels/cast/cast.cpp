@@ -2,6 +2,7 @@
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/cast.hpp>
 
+#include "../common/device_check.hpp"
 #include "cast_internal.hpp"
 
 namespace lowbit::kernels {
@@ -21,7 +22,10 @@ void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
   require_same_shape(in, "input", out, "output");
   require_same_device(in, "input", out, "output");
   if (in.numel() == 0) return;
-  if (in.dev.type == device_type::cuda) return cuda::cast(in, out, fmt, pol, rng, ex);
+  if (in.dev.type == device_type::cuda) {
+    require_device_memory({&in, &out}, {"input", "output"});
+    return cuda::cast(in, out, fmt, pol, rng, ex);
+  }
   cpu::cast(in, out, fmt, pol, rng, ex);
 }
 
@@ -38,7 +42,10 @@ void decode(const tensor_view& codes, const tensor_view& out, const emu::format&
   require_same_shape(codes, "codes", out, "output");
   require_same_device(codes, "codes", out, "output");
   if (codes.numel() == 0) return;
-  if (codes.dev.type == device_type::cuda) return cuda::decode(codes, out, fmt, ex);
+  if (codes.dev.type == device_type::cuda) {
+    require_device_memory({&codes, &out}, {"codes", "output"});
+    return cuda::decode(codes, out, fmt, ex);
+  }
   cpu::decode(codes, out, fmt, ex);
 }
 

@@ -34,11 +34,11 @@ void cast_any(const tensor_view& in, const tensor_view& out, const emu::format& 
       with_code_type(ft, out.type, [&](auto code_tag) {
         using C = decltype(code_tag);
         C* dst = out.ptr<C>();
-        detail::dispatch_stochastic(pol, [&](auto pt) {
+        detail::dispatch_policy(pol, [&](auto pt) {
         using PT = decltype(pt);
         parallel_for(in.numel(), ex.threads, [&](std::int64_t b, std::int64_t e) {
           if (flat) {
-            if constexpr (PT::stochastic) {
+            if (pt.stochastic()) {
               for (std::int64_t i = b; i < e;) {
                 const emu::philox_block blk = rng.block(static_cast<std::uint64_t>(i) >> 2);
                 for (int j = static_cast<int>(i & 3); j < 4 && i < e; ++j, ++i)
@@ -51,7 +51,7 @@ void cast_any(const tensor_view& in, const tensor_view& out, const emu::format& 
           } else {
             for_each_pair(in, out, b, e, [&](std::int64_t i, std::int64_t oi, std::int64_t oo) {
               const std::uint32_t r =
-                  PT::stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
+                  pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
               dst[oo] = static_cast<C>(cast_ops::encode_one(ft, pt, src[oi], r));
             });
           }

@@ -6,6 +6,8 @@
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
+#include "../common/dispatch.hpp"
+
 namespace lowbit::kernels::cast_ops {
 
 // Storage of 16-bit float inputs, read as their exact float value.
@@ -18,14 +20,18 @@ struct bf16_bits {
 
 LOWBIT_HD constexpr float load(float x) { return x; }
 LOWBIT_HD constexpr double load(double x) { return x; }
-LOWBIT_HD constexpr float load(f16_bits x) { return emu::decode<float>(emu::float16, x.bits); }
+LOWBIT_HD constexpr float load(f16_bits x) {
+  constexpr emu::format f16 = emu::float16;  // a local copy: device code cannot bind the global
+  return emu::decode<float>(f16, x.bits);
+}
 LOWBIT_HD constexpr float load(bf16_bits x) {
   return emu::detail::bit_cast<float>(static_cast<std::uint32_t>(x.bits) << 16);
 }
 
 template <class FormatTag, class PolicyTag, class T>
-LOWBIT_HD constexpr std::uint32_t encode_one(FormatTag ft, PolicyTag pt, T x, std::uint32_t rbits) {
-  return emu::encode(ft.get(), load(x), pt.get(), rbits);
+LOWBIT_HD LOWBIT_INLINE std::uint32_t encode_one(FormatTag ft, PolicyTag pt, T x,
+                                                 std::uint32_t rbits) {
+  return detail::encode(ft, pt, load(x), rbits);
 }
 
 // Calls fn(storage_type_tag) for the input dtype of a cast.

@@ -1,35 +1,28 @@
 // Turns run-time formats and policies into compile-time constants for the hot loops. A kernel body
-// receives a "format tag" and a "policy tag" and asks them for the value; for the named formats and
-// every rounding/overflow pair the value is a constant and emu's converter folds to straight-line
-// code; any other format runs the same body with run-time values. Shared by CPU twins and CUDA.
+// receives a "format tag" and a "policy tag" and asks them for the value; where the tag is fixed
+// the value is a constant and emu's converter folds to straight-line code; otherwise the same body
+// runs with run-time values. Shared by CPU twins and CUDA kernels.
 #pragma once
 
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/emu/format.hpp>
+#include <lowbit/emu/integer.hpp>
 #include <lowbit/emu/policy.hpp>
 
 namespace lowbit::kernels::detail {
 
 template <emu::format F>
 struct fixed_format {
+  static constexpr bool fixed = true;
   LOWBIT_HD static constexpr emu::format get() { return F; }
 };
 struct runtime_format {
+  static constexpr bool fixed = false;
   emu::format f;
   LOWBIT_HD constexpr emu::format get() const { return f; }
 };
 
-// Rounding and overflow are constants; subnormal, NaN-sign and random-bit settings stay run-time
-// (they cost a branch on rare values only).
-template <emu::rounding R, emu::overflow O>
-struct fixed_policy {
-  emu::subnormals sub;
-  emu::nan_sign nan;
-  int random_bits;
-  LOWBIT_HD constexpr emu::policy get() const { return emu::policy{R, O, sub, nan, random_bits}; }
-  static constexpr bool stochastic = R == emu::rounding::stochastic;
-};
-
+// Named formats (the fp8/fp6/fp4 formats and the 16-bit floats) become compile-time tags.
 template <class Fn>
 decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
   using namespace emu;
@@ -46,44 +39,59 @@ decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
   return fn(runtime_format{f});
 }
 
-template <emu::rounding R, class Fn>
-decltype(auto) dispatch_overflow_for(const emu::policy& p, Fn&& fn) {
-  if (p.over == emu::overflow::saturate)
-    return fn(fixed_policy<R, emu::overflow::saturate>{p.sub, p.nan, p.random_bits});
-  return fn(fixed_policy<R, emu::overflow::nonsaturating>{p.sub, p.nan, p.random_bits});
-}
+// Policy tags: get() gives the policy, stochastic() whether random bits are needed. Where a tag
+// fixes the rounding mode, both fold to constants in the per-element code.
 
-// Run-time policy; only whether random bits are needed is a constant.
+// Run-time policy: a switch on the rounding mode (uniform across a warp on the GPU).
 struct runtime_policy {
+  static constexpr bool fixed = false;
   emu::policy p;
   LOWBIT_HD constexpr emu::policy get() const { return p; }
-};
-template <bool Stochastic>
-struct runtime_policy_of : runtime_policy {
-  static constexpr bool stochastic = Stochastic;
+  LOWBIT_HD constexpr bool stochastic() const { return p.round == emu::rounding::stochastic; }
 };
 
-// For CPU twins, where compile time matters more than a few predictable branches.
-template <class Fn>
-decltype(auto) dispatch_stochastic(const emu::policy& p, Fn&& fn) {
-  if (p.round == emu::rounding::stochastic) return fn(runtime_policy_of<true>{{p}});
-  return fn(runtime_policy_of<false>{{p}});
-}
+// Only the rounding mode is a constant; overflow, subnormal and NaN settings stay run-time (they
+// select among rare results: a compare and a select).
+template <emu::rounding R>
+struct fixed_rounding {
+  static constexpr bool fixed = true;
+  emu::policy p;
+  LOWBIT_HD constexpr emu::policy get() const {
+    return emu::policy{R, p.over, p.sub, p.nan, p.random_bits};
+  }
+  LOWBIT_HD static constexpr bool stochastic() { return R == emu::rounding::stochastic; }
+};
 
-// For GPU kernels: rounding and overflow become constants.
+// Nearest-even, the hot mode, is a constant; the other modes run with a run-time policy (and an
+// out-of-line converter on the GPU), which keeps build times and kernel sizes small.
 template <class Fn>
 decltype(auto) dispatch_policy(const emu::policy& p, Fn&& fn) {
-  using emu::rounding;
-  switch (p.round) {
-    case rounding::nearest_even: return dispatch_overflow_for<rounding::nearest_even>(p, fn);
-    case rounding::nearest_away: return dispatch_overflow_for<rounding::nearest_away>(p, fn);
-    case rounding::toward_zero: return dispatch_overflow_for<rounding::toward_zero>(p, fn);
-    case rounding::up: return dispatch_overflow_for<rounding::up>(p, fn);
-    case rounding::down: return dispatch_overflow_for<rounding::down>(p, fn);
-    case rounding::odd: return dispatch_overflow_for<rounding::odd>(p, fn);
-    case rounding::stochastic: break;
-  }
-  return dispatch_overflow_for<rounding::stochastic>(p, fn);
+  if (p.round == emu::rounding::nearest_even)
+    return fn(fixed_rounding<emu::rounding::nearest_even>{p});
+  return fn(runtime_policy{p});
+}
+
+// The generic conversion, out of line in device code.
+template <class T>
+LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE std::uint32_t encode_generic(emu::format f, T x, emu::policy p,
+                                                                std::uint32_t rbits) {
+  return emu::encode(f, x, p, rbits);
+}
+template <class T>
+LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE std::int32_t quantize_int_generic(emu::int_format f, T x,
+                                                                     emu::policy p,
+                                                                     std::uint32_t rbits) {
+  return emu::quantize_int(f, x, p, rbits);
+}
+
+// encode() through the tags: inlined where format and rounding are both compile-time constants
+// (the hot paths), out of line otherwise.
+template <class FT, class PT, class T>
+LOWBIT_HD LOWBIT_INLINE std::uint32_t encode(FT ft, PT pt, T x, std::uint32_t rbits) {
+  if constexpr (FT::fixed && PT::fixed)
+    return emu::encode(ft.get(), x, pt.get(), rbits);
+  else
+    return encode_generic(ft.get(), x, pt.get(), rbits);
 }
 
 }  // namespace lowbit::kernels::detail

@@ -2,6 +2,8 @@
 #include <lowbit/kernels/tensor.hpp>
 
 #include "../cast/cast_internal.hpp"
+#include "../quantize/quantize_internal.hpp"
+#include "device_check.hpp"
 
 namespace lowbit::kernels {
 
@@ -14,12 +16,21 @@ namespace {
 
 bool cuda_available() { return false; }
 
+void require_device_memory(std::initializer_list<const tensor_view*>,
+                           std::initializer_list<const char*>) {
+  no_cuda();
+}
+
 namespace cuda {
 void cast(const tensor_view&, const tensor_view&, const emu::format&, const emu::policy&,
           const emu::random_stream&, const exec&) {
   no_cuda();
 }
 void decode(const tensor_view&, const tensor_view&, const emu::format&, const exec&) { no_cuda(); }
+void quantize(const quant_problem&, const exec&) { no_cuda(); }
+void dequantize(const dequant_problem&, const exec&) { no_cuda(); }
+void quantize_mx(const mx_problem&, const exec&) { no_cuda(); }
+void dequantize_mx(const dequant_problem&, const exec&) { no_cuda(); }
 }  // namespace cuda
 
 }  // namespace lowbit::kernels

@@ -22,6 +22,15 @@
 #define LOWBIT_INLINE inline
 #endif
 
+// An out-of-line function in device code (one copy per kernel module instead of one per call
+// site), an ordinary inline function on the host. Used for the generic (run-time format or
+// policy) conversion paths, which would otherwise be inlined, fully unrolled, into every kernel.
+#if defined(__CUDACC__)
+#define LOWBIT_OUTLINE_ON_DEVICE __noinline__
+#else
+#define LOWBIT_OUTLINE_ON_DEVICE inline
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define LOWBIT_ON_DEVICE 1
 #else

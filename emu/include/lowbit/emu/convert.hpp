@@ -40,42 +40,54 @@ LOWBIT_HD LOWBIT_INLINE constexpr bool rounds_toward_zero(rounding r, bool negat
          ((r == rounding::up) & negative);
 }
 
-// Rounds sig * 2^-shift to an integer under policy p, without data-dependent branches (the hot
-// loops vectorize). `negative` is the sign of the value (directed modes), rbits the caller's
-// random bits (stochastic). Requires 0 <= shift and sig < 2^(width-1); any shift is allowed.
+// Rounds sig * 2^-shift to an integer under policy p. Written as "add an increment, then shift"
+// with bitwise operators only, so it has no data-dependent branches (CPU loops vectorize, GPU
+// warps do not diverge) and costs a handful of instructions. `negative` is the sign of the value
+// (directed modes), rbits the caller's random bits (stochastic). Requires shift >= 0 and
+// sig < 2^(width-2); any shift is allowed.
 template <class U>
 LOWBIT_HD LOWBIT_INLINE constexpr U round_shifted(U sig, int shift, bool negative,
                                                   const policy& p, std::uint32_t rbits) {
   constexpr int width = static_cast<int>(sizeof(U) * 8);
-  // Past width-1 every bit of sig is discarded and rem < half either way, so clamp the shift.
+  // Past width-1 every bit of sig is discarded and it is below half either way: clamp the shift.
   const int sc = shift < width - 1 ? shift : width - 1;
-  const U kept = static_cast<U>(sig >> sc);
-  const U rem = static_cast<U>(sig & ((U{1} << sc) - 1u));
-  const U half = static_cast<U>((U{1} << sc) >> 1);
-  const U inexact = rem != 0;
-  // Bitwise rather than logical operators: no data-dependent branches.
-  const U gt = rem > half, eq = rem == half;
+  const U mask = (U{1} << sc) - 1u;
+  const U half = (U{1} << sc) >> 1;
   const U neg = negative;
   switch (p.round) {
-    case rounding::nearest_even: return kept + ((gt | (eq & kept)) & inexact & 1u);
-    case rounding::nearest_away: return kept + ((gt | eq) & inexact);
-    case rounding::toward_zero: return kept;
-    case rounding::up: return kept + (inexact & (neg ^ 1u));
-    case rounding::down: return kept + (inexact & neg);
-    case rounding::odd: return static_cast<U>(kept | inexact);
+    case rounding::nearest_even: {
+      // rem + half - 1 + lsb carries into bit sc exactly when rem > half, or rem == half and the
+      // kept part is odd. With sc == 0 (nothing discarded) the increment must be 0, not lsb - 1.
+      const U lsb = (sig >> sc) & 1u;
+      const U inc = half + lsb > 0u ? half + lsb - 1u : U{0};
+      return (sig + inc) >> sc;
+    }
+    case rounding::nearest_away: return (sig + half) >> sc;
+    case rounding::toward_zero: return sig >> sc;
+    case rounding::up: return (sig + (mask & (neg - 1u))) >> sc;
+    case rounding::down: return (sig + (mask & (U{0} - neg))) >> sc;
+    case rounding::odd: return (sig >> sc) | static_cast<U>((sig & mask) != 0);
     case rounding::stochastic: {
-      // floor(t * 2^k) + r >= 2^k, with t = rem / 2^shift exactly (docs/rounding.md); rem is the
-      // whole discarded part also when the shift was clamped.
+      // floor(t * 2^k) + r >= 2^k with t = rem / 2^shift (docs/rounding.md). For shift >= k this
+      // is a carry out of (rem with its low shift-k bits cleared) + (r << (shift-k)); for
+      // shift < k it is rem + (r >> (k-shift)) >= 2^shift, the dropped low bits of r never
+      // reaching the carry.
       const int k = p.random_bits;
-      const int down_shift = shift - k;
-      const std::uint64_t tk = down_shift >= 0
-                                   ? (down_shift < 64 ? static_cast<std::uint64_t>(rem) >> down_shift : 0u)
-                                   : static_cast<std::uint64_t>(rem) << -down_shift;
-      const std::uint64_t one = std::uint64_t{1} << k;
-      return kept + static_cast<U>(tk + (rbits & (one - 1u)) >= one);
+      const U rem = sig & mask;
+      const std::uint64_t r = rbits & ((std::uint64_t{1} << k) - 1u);
+      const int d = shift - k;
+      std::uint64_t carry;
+      if (d >= 0) {
+        // t*2^k = rem >> d (0 when d passes the width: rem < 2^(width-2) then).
+        const std::uint64_t tk = d < 64 ? static_cast<std::uint64_t>(rem) >> d : 0u;
+        carry = (tk + r) >> k;
+      } else {
+        carry = (static_cast<std::uint64_t>(rem) + (r >> -d)) >> shift;
+      }
+      return (sig >> sc) + static_cast<U>(carry != 0);
     }
   }
-  return kept;
+  return sig >> sc;
 }
 
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t sign_code(const format& f, bool negative) {
@@ -136,36 +148,44 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode(const format& f, T x, con
   constexpr U sign_bit = U{1} << (tr::width - 1);
   constexpr U inf_bits = ((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man;
   constexpr U man_mask = (U{1} << tr::man) - 1u;
-  constexpr int src_emin = 1 - tr::bias;
 
   const U b = detail::bit_cast<U>(x);
   const bool neg = (b & sign_bit) != 0;
   const U a = b & ~sign_bit;
 
   // The finite, nonzero path, computed for every input; rare cases patch the result below.
-  // |x| = sig * 2^e with 2^E <= |x| < 2^(E+1).
+  // |x| = sig * 2^(fld - bias - man) in source terms: fld is the exponent field (1 for
+  // subnormals, which have no implicit bit).
   const int src_field = static_cast<int>(a >> tr::man);
-  const U sig = (a & man_mask) | (src_field != 0 ? U{1} << tr::man : U{0});
-  const int e = (src_field != 0 ? src_field : 1) - tr::bias - tr::man;
-  int big_e = src_field - tr::bias;  // a subnormal source gets src_emin - 1: below it, enough...
-  if (f.emin() < src_emin && src_field == 0)  // ...unless the target's normals reach that low
-    big_e = e + detail::bit_width(sig) - 1;
-  const bool below_normal = big_e < f.emin();
-  // Quantum of the target grid around x: 2^(max(E, emin) - man). The source has at least as many
-  // mantissa bits as any target, so the shift is never negative.
-  const int eff = below_normal ? f.emin() : big_e;
-  const U m = detail::round_shifted<U>(sig, eff - f.man_bits - e, neg, p, rbits);
-  // m is in [2^man, 2^(man+1)] on the normal grid (a carry moves into the exponent field) and in
-  // [0, 2^man] below it, where eff + bias == 1 makes the same formula give the code m.
-  const std::uint32_t code = (static_cast<std::uint32_t>(eff + f.bias) << f.man_bits) +
-                             static_cast<std::uint32_t>(m) - (1u << f.man_bits);
-  const bool overflowed = big_e > f.emax() || (!below_normal && code > f.max_code());
+  U sig = (a & man_mask) | (src_field != 0 ? U{1} << tr::man : U{0});
+  int fld = src_field != 0 ? src_field : 1;
+  // The target's smallest normal binade, as a source exponent field.
+  const int emin_field = f.emin() + tr::bias;
+  if (emin_field < 1 && src_field == 0 && sig != 0) {
+    // Only formats whose normals reach below the source's (never the named ones): normalize.
+    const int lz = tr::man + 1 - detail::bit_width(sig);
+    sig <<= lz;
+    fld = 1 - lz;
+  }
+  // Quantum of the target grid at x: the target's normal quantum, or its subnormal quantum below
+  // the smallest normal binade. The source has at least as many mantissa bits as any target, so
+  // the shift is never negative.
+  // A subnormal source is below the target's normals also when they start at the source's own
+  // smallest normal binade (fld == emin_field == 1): only tininess differs, not the quantum.
+  const bool below_normal = fld < emin_field || (src_field == 0 && emin_field >= 1);
+  const int eff = below_normal ? emin_field : fld;
+  const U kept = detail::round_shifted<U>(sig, eff - fld + tr::man - f.man_bits, neg, p, rbits);
+  // kept counts target quanta: [2^man, 2^(man+1)] on a normal binade (a carry moves into the
+  // exponent field by itself), [0, 2^man] below it. Formats without zero have no field-0 offset.
+  const U code = (static_cast<U>(eff - emin_field) << f.man_bits) + kept -
+                 (f.has_zero ? U{0} : U{1} << f.man_bits);
 
-  std::uint32_t r = code | detail::sign_code(f, neg);
-  if (f.has_zero && code == 0) r = zero_code(f, neg, p);
+  std::uint32_t r = static_cast<std::uint32_t>(code) | detail::sign_code(f, neg);
+  if (!f.has_negative_zero() && f.has_zero && code == 0) r = 0u;
   if (below_normal && f.has_zero && p.sub == subnormals::flush) r = zero_code(f, neg, p);
-  if (below_normal && !f.has_zero) r = 0u;  // no zero, no subnormals: the smallest value (docs)
-  if (overflowed) r = overflow_code(f, neg, p);
+  if (code > f.max_code()) r = overflow_code(f, neg, p);
+  // No zero, no subnormals: the smallest value (docs); `code` wrapped around below 0 here.
+  if (below_normal && !f.has_zero) r = 0u;
   if (a == 0) r = zero_code(f, neg, p);
   if (a == inf_bits) r = overflow_code(f, neg, p, /*infinite_input=*/true);
   if (neg && a != 0 && !f.is_signed) r = negative_unsigned_code(f, p);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <lowbit/emu/config.hpp>
 
@@ -113,6 +114,14 @@ static_assert(is_valid(e4m3fn) && is_valid(e5m2) && is_valid(e4m3fnuz) && is_val
 static_assert(is_valid(e8m0fnu) && is_valid(e3m2fn) && is_valid(e2m3fn) && is_valid(e2m1fn));
 static_assert(is_valid(float16) && is_valid(bfloat16) && is_valid(float32));
 static_assert(e4m3fn.max_code() == 0x7E && e5m2.max_code() == 0x7B && e8m0fnu.max_code() == 0xFE);
+
+namespace detail {
+// The narrowest unsigned type that holds a code of `Bits` bits.
+template <int Bits>
+using code_storage =
+    std::conditional_t<(Bits <= 8), std::uint8_t,
+                       std::conditional_t<(Bits <= 16), std::uint16_t, std::uint32_t>>;
+}  // namespace detail
 
 struct named_format {
   const char* name;

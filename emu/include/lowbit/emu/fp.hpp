@@ -18,11 +18,6 @@ namespace lowbit::emu {
 
 namespace detail {
 
-template <int Bits>
-using code_storage =
-    std::conditional_t<(Bits <= 8), std::uint8_t,
-                       std::conditional_t<(Bits <= 16), std::uint16_t, std::uint32_t>>;
-
 LOWBIT_HD inline double fused_multiply_add(double a, double b, double c) {
 #if LOWBIT_ON_DEVICE
   return ::fma(a, b, c);
@@ -41,8 +36,15 @@ LOWBIT_HD inline double to_odd(double s, double tail) {
   return bit_cast<double>(bits);
 }
 
-LOWBIT_HD inline double odd_add(double a, double b) {
+// `down`: the result will be rounded toward -Inf, under which IEEE 754 (section 6.3) gives an
+// exact zero sum the sign -0 unless both operands are +0; double arithmetic here rounds to
+// nearest, which gives +0.
+LOWBIT_HD inline double odd_add(double a, double b, bool down) {
   const double s = a + b;  // TwoSum (Knuth): s + t == a + b exactly
+  if (s == 0.0) {
+    const bool both_plus_zero = bit_cast<std::uint64_t>(a) == 0 && bit_cast<std::uint64_t>(b) == 0;
+    return down && !both_plus_zero ? -0.0 : s;
+  }
   const double bb = s - a;
   const double t = (a - (s - bb)) + (b - bb);
   return to_odd(s, t);
@@ -102,8 +104,12 @@ class fp {
   LOWBIT_HD constexpr bool is_nan() const { return is_nan_code(F, bits_); }
   LOWBIT_HD constexpr bool is_inf() const { return is_inf_code(F, bits_); }
 
-  LOWBIT_HD friend fp operator+(fp a, fp b) { return fp(detail::odd_add(a.d(), b.d())); }
-  LOWBIT_HD friend fp operator-(fp a, fp b) { return fp(detail::odd_add(a.d(), -b.d())); }
+  LOWBIT_HD friend fp operator+(fp a, fp b) {
+    return fp(detail::odd_add(a.d(), b.d(), P.round == rounding::down));
+  }
+  LOWBIT_HD friend fp operator-(fp a, fp b) {
+    return fp(detail::odd_add(a.d(), -b.d(), P.round == rounding::down));
+  }
   LOWBIT_HD friend fp operator*(fp a, fp b) { return fp(detail::odd_mul(a.d(), b.d())); }
   LOWBIT_HD friend fp operator/(fp a, fp b) { return fp(detail::odd_div(a.d(), b.d())); }
   LOWBIT_HD friend fp sqrt(fp a) { return fp(detail::odd_sqrt(a.d())); }

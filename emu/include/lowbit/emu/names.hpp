@@ -130,10 +130,12 @@ inline int_format parse_int_format(std::string_view name) {
 
 // Throws lowbit::error unless p is a valid policy.
 inline void validate(const policy& p) {
-  if (const char* why = check_policy(p)) throw error(errc::invalid_argument, why);
+  if (const char* why = check_policy(p))
+    throw error(errc::invalid_argument, std::string("policy: ") + why);
 }
 inline void validate(const format& f) {
-  if (const char* why = check_format(f)) throw error(errc::invalid_argument, why);
+  if (const char* why = check_format(f))
+    throw error(errc::invalid_argument, std::string("format: ") + why);
 }
 
 }  // namespace lowbit::emu

@@ -1,0 +1,245 @@
+// GPU throughput of the cast and quantization kernels, timed with CUDA events (manual time).
+// Every result carries `of_copy`: its bandwidth (bytes read + written once) as a fraction of a
+// device-to-device copy measured in the same run. Inputs are 2^28 floats (1 GiB), well past L2.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <lowbit/emu/names.hpp>
+#include <lowbit/kernels/cast.hpp>
+#include <lowbit/kernels/quantize.hpp>
+
+namespace {
+
+using namespace lowbit;
+using kernels::dtype;
+
+void ok(cudaError_t e) {
+  if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
+}
+
+struct buffers {
+  std::int64_t n = std::int64_t{1} << 28;
+  void* x = nullptr;      // float32 input
+  void* codes = nullptr;  // 1 byte per element
+  void* out = nullptr;    // float32 output
+  void* scales = nullptr;
+  buffers() {
+    ok(cudaMalloc(&x, n * 4));
+    ok(cudaMalloc(&codes, n));
+    ok(cudaMalloc(&out, n * 4));
+    ok(cudaMalloc(&scales, n / 8 * 4));
+    // Gaussian data (never zeros: zeros hide wrong indexing and run faster).
+    std::vector<float> h(static_cast<std::size_t>(n));
+    std::mt19937 g(1);
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    for (auto& v : h) v = d(g);
+    ok(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice));
+    ok(cudaMemset(scales, 0, n / 8 * 4));
+    const float one = 1.0f;
+    ok(cudaMemcpy(scales, &one, 4, cudaMemcpyHostToDevice));
+  }
+};
+
+buffers& buf() {
+  static buffers b;
+  return b;
+}
+
+double copy_bytes_per_s = 0.0;
+
+kernels::tensor_view dev_view(void* p, dtype t, std::initializer_list<std::int64_t> shape) {
+  return kernels::tensor_view::contiguous(p, t, shape, {kernels::device_type::cuda, 0});
+}
+
+// Times fn with events, `bytes` moved per call.
+void timed(benchmark::State& state, double bytes, const std::function<void()>& fn) {
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a));
+  ok(cudaEventCreate(&b));
+  fn();  // warm-up
+  ok(cudaDeviceSynchronize());
+  for (auto _ : state) {
+    ok(cudaEventRecord(a));
+    fn();
+    ok(cudaEventRecord(b));
+    ok(cudaEventSynchronize(b));
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, a, b));
+    state.SetIterationTime(ms / 1e3);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes * state.iterations()));
+  const double t = state.iterations() > 0 ? 1.0 : 0.0;
+  (void)t;
+  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+  ok(cudaEventDestroy(a));
+  ok(cudaEventDestroy(b));
+}
+
+void add_ratio(benchmark::State& state, double bytes) {
+  // of_copy = (bytes / time) / copy bandwidth, both from this run.
+  if (copy_bytes_per_s > 0)
+    state.counters["of_copy"] = benchmark::Counter(
+        bytes * state.iterations() / copy_bytes_per_s, benchmark::Counter::kIsRate);
+}
+
+void bm_copy(benchmark::State& state) {
+  auto& B = buf();
+  const double bytes = 2.0 * 4 * B.n;
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a));
+  ok(cudaEventCreate(&b));
+  ok(cudaMemcpyAsync(B.out, B.x, B.n * 4, cudaMemcpyDeviceToDevice));
+  double total_ms = 0;
+  for (auto _ : state) {
+    ok(cudaEventRecord(a));
+    ok(cudaMemcpyAsync(B.out, B.x, B.n * 4, cudaMemcpyDeviceToDevice));
+    ok(cudaEventRecord(b));
+    ok(cudaEventSynchronize(b));
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, a, b));
+    total_ms += ms;
+    state.SetIterationTime(ms / 1e3);
+  }
+  copy_bytes_per_s = bytes * state.iterations() / (total_ms / 1e3);
+  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+
+void bm_cast(benchmark::State& state, emu::format f, emu::policy p) {
+  auto& B = buf();
+  const double bytes = 5.0 * B.n;
+  const auto x = dev_view(B.x, dtype::float32, {B.n});
+  const auto c = dev_view(B.codes, dtype::uint8, {B.n});
+  timed(state, bytes, [&] { kernels::cast(x, c, f, p, {1, 0}); });
+  add_ratio(state, bytes);
+}
+
+void bm_decode(benchmark::State& state) {
+  auto& B = buf();
+  const double bytes = 5.0 * B.n;
+  const auto c = dev_view(B.codes, dtype::uint8, {B.n});
+  const auto o = dev_view(B.out, dtype::float32, {B.n});
+  timed(state, bytes, [&] { kernels::decode(c, o, emu::e4m3fn); });
+  add_ratio(state, bytes);
+}
+
+void bm_cast_scaled(benchmark::State& state) {
+  auto& B = buf();
+  const double bytes = 5.0 * B.n;
+  const auto x = dev_view(B.x, dtype::float32, {B.n});
+  const auto c = dev_view(B.codes, dtype::uint8, {B.n});
+  const auto s = dev_view(B.scales, dtype::float32, {1});
+  timed(state, bytes,
+        [&] { kernels::cast_scaled(x, c, s, kernels::target::of(emu::e4m3fn), emu::rne_sat); });
+  add_ratio(state, bytes);
+}
+
+// Quantization of an (rows x cols) float32 matrix: bytes = input + codes + scales, once each.
+void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g,
+                 std::int64_t cols, bool transpose, emu::policy p) {
+  auto& B = buf();
+  const std::int64_t rows = B.n / cols;
+  const std::int64_t ns = g.scale_rows(rows) * g.scale_cols(cols);
+  const double bytes = 4.0 * B.n + 1.0 * B.n + 4.0 * ns;
+  const auto x = dev_view(B.x, dtype::float32, {rows, cols});
+  const auto c = transpose ? dev_view(B.codes, t.code_dtype(), {cols, rows})
+                           : dev_view(B.codes, t.code_dtype(), {rows, cols});
+  const auto s = dev_view(B.scales, dtype::float32, {ns});
+  timed(state, bytes,
+        [&] { kernels::quantize(x, c, s, t, g, p, {}, {2, 0}, transpose); });
+  add_ratio(state, bytes);
+}
+
+void bm_mx(benchmark::State& state, kernels::target t) {
+  auto& B = buf();
+  const std::int64_t cols = 4096, rows = B.n / cols, ns = rows * cols / 32;
+  const double bytes = 4.0 * B.n + 1.0 * B.n + ns;
+  const auto x = dev_view(B.x, dtype::float32, {rows, cols});
+  const auto c = dev_view(B.codes, t.code_dtype(), {rows, cols});
+  const auto s = dev_view(B.scales, dtype::uint8, {ns});
+  timed(state, bytes, [&] { kernels::quantize_mx(x, c, s, t, emu::rne_sat); });
+  add_ratio(state, bytes);
+}
+
+void bm_dequantize(benchmark::State& state, kernels::grouping g, std::int64_t cols) {
+  auto& B = buf();
+  const std::int64_t rows = B.n / cols, ns = g.scale_rows(rows) * g.scale_cols(cols);
+  const double bytes = 1.0 * B.n + 4.0 * B.n + 4.0 * ns;
+  const auto t = kernels::target::of(emu::e4m3fn);
+  const auto c = dev_view(B.codes, dtype::uint8, {rows, cols});
+  const auto s = dev_view(B.scales, dtype::float32, {ns});
+  const auto o = dev_view(B.out, dtype::float32, {rows, cols});
+  timed(state, bytes, [&] { kernels::dequantize(c, s, o, t, g); });
+  add_ratio(state, bytes);
+}
+
+void register_all() {
+  const auto reg = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->UseManualTime()->Unit(benchmark::kMillisecond)
+        ->MinTime(0.3);
+  };
+  reg("copy_d2d_f32", bm_copy);
+  const auto sr = emu::stochastic(8, emu::overflow::saturate);
+  reg("cast_f32_e4m3fn_rne_nonsat", [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne); });
+  reg("cast_f32_e4m3fn_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne_sat); });
+  // e4m3 (IEEE-style) is not a compile-time format: the run-time format path, for comparison.
+  reg("cast_f32_e4m3_runtime_format_rne_sat",
+      [](benchmark::State& s) { bm_cast(s, emu::e4m3, emu::rne_sat); });
+  reg("cast_f32_e5m2_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e5m2, emu::rne_sat); });
+  reg("cast_f32_e4m3fn_stochastic8", [sr](benchmark::State& s) { bm_cast(s, emu::e4m3fn, sr); });
+  reg("cast_f32_e2m1fn_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e2m1fn, emu::rne_sat); });
+  reg("cast_f32_e4m3fn_toward_zero", [](benchmark::State& s) {
+    bm_cast(s, emu::e4m3fn, emu::policy{emu::rounding::toward_zero, emu::overflow::saturate});
+  });
+  reg("decode_e4m3fn_f32", bm_decode);
+  reg("cast_scaled_f32_e4m3fn", bm_cast_scaled);
+  const auto e4 = kernels::target::of(emu::e4m3fn);
+  const auto i8 = kernels::target::of(emu::int8_sym);
+  reg("quantize_tensor_current_e4m3fn", [e4](benchmark::State& s) {
+    bm_quantize(s, e4, kernels::grouping::per_tensor(), 4096, false, emu::rne_sat);
+  });
+  reg("quantize_rows_int8_4096", [i8](benchmark::State& s) {
+    bm_quantize(s, i8, kernels::grouping::per_row(), 4096, false, emu::rne);
+  });
+  reg("quantize_rows_int8_1024", [i8](benchmark::State& s) {
+    bm_quantize(s, i8, kernels::grouping::per_row(), 1024, false, emu::rne);
+  });
+  reg("quantize_rows_e4m3fn_4096", [e4](benchmark::State& s) {
+    bm_quantize(s, e4, kernels::grouping::per_row(), 4096, false, emu::rne_sat);
+  });
+  reg("quantize_columns_transpose_int8_4096", [i8](benchmark::State& s) {
+    bm_quantize(s, i8, kernels::grouping::per_column(), 4096, true, emu::rne);
+  });
+  reg("quantize_blocks128_e4m3fn", [e4](benchmark::State& s) {
+    bm_quantize(s, e4, kernels::grouping::blocks(128), 4096, false, emu::rne_sat);
+  });
+  reg("quantize_tiles128x128_e4m3fn", [e4](benchmark::State& s) {
+    bm_quantize(s, e4, kernels::grouping::tiles(128, 128), 4096, false, emu::rne_sat);
+  });
+  reg("quantize_mxfp8_e4m3fn", [e4](benchmark::State& s) { bm_mx(s, e4); });
+  reg("quantize_mxfp4_e2m1fn",
+      [](benchmark::State& s) { bm_mx(s, kernels::target::of(emu::e2m1fn)); });
+  reg("dequantize_rows_e4m3fn_4096",
+      [](benchmark::State& s) { bm_dequantize(s, kernels::grouping::per_row(), 4096); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!kernels::cuda_available()) {
+    std::printf("no CUDA device: GPU benchmarks skipped\n");
+    return 0;
+  }
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

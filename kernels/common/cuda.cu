@@ -1,0 +1,64 @@
+#include "cuda.hpp"
+#include "device_check.hpp"
+
+#include <mutex>
+#include <vector>
+
+namespace lowbit::kernels {
+
+bool cuda_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error for later calls
+    return false;
+  }
+  return n > 0;
+}
+
+namespace cuda {
+
+int sm_count() {
+  static std::mutex mu;
+  static std::vector<int> counts;
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(counts.size()) <= dev) counts.resize(static_cast<std::size_t>(dev) + 1, 0);
+  if (counts[static_cast<std::size_t>(dev)] == 0) {
+    int n = 0;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    counts[static_cast<std::size_t>(dev)] = n;
+  }
+  return counts[static_cast<std::size_t>(dev)];
+}
+
+void require_device_memory(const tensor_view& v, const char* arg) {
+  if (v.numel() == 0) return;
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, v.data);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw error(errc::invalid_argument,
+                std::string(arg) + ": the pointer is not known to CUDA (" +
+                    cudaGetErrorString(err) + "); pass device memory for a cuda view");
+  }
+  require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+          errc::invalid_argument,
+          std::string(arg) + ": a cuda view must point to device (or managed) memory");
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice", __FILE__, __LINE__);
+  require(attr.device == v.dev.index && dev == v.dev.index, errc::invalid_argument,
+          std::string(arg) + ": the memory is on cuda:" + std::to_string(attr.device) +
+              " but the current device is cuda:" + std::to_string(dev) +
+              " (view says cuda:" + std::to_string(v.dev.index) + ")");
+}
+
+}  // namespace cuda
+
+void require_device_memory(std::initializer_list<const tensor_view*> views,
+                           std::initializer_list<const char*> names) {
+  auto name = names.begin();
+  for (const tensor_view* v : views) cuda::require_device_memory(*v, *name++);
+}
+
+}  // namespace lowbit::kernels

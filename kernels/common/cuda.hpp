@@ -1,0 +1,58 @@
+// CUDA helpers shared by every kernel: error checks that throw lowbit::error, the launch
+// geometry, device-pointer validation, and aligned vector types for 16-byte memory access.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include <lowbit/emu/error.hpp>
+#include <lowbit/kernels/tensor.hpp>
+
+#define LOWBIT_CUDA_CHECK(expr)                                                   \
+  ::lowbit::kernels::cuda::check((expr), #expr, __FILE__, __LINE__)
+
+namespace lowbit::kernels::cuda {
+
+inline void check(cudaError_t err, const char* what, const char* file, int line) {
+  if (err != cudaSuccess)
+    throw error(errc::device, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
+                                  cudaGetErrorString(err) + ") in " + what + " at " + file +
+                                  ":" + std::to_string(line));
+}
+
+inline cudaStream_t stream_of(const exec& ex) { return static_cast<cudaStream_t>(ex.stream); }
+
+// Multiprocessor count of the current device (cached per device).
+int sm_count();
+
+// Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the
+// device a few times over, never more than the work needs.
+inline unsigned grid_for(std::int64_t work, int threads, int blocks_per_sm = 8) {
+  const std::int64_t need = (work + threads - 1) / threads;
+  const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * blocks_per_sm;
+  const std::int64_t g = need < cap ? need : cap;
+  return static_cast<unsigned>(g < 1 ? 1 : g);
+}
+
+// Throws unless the view's memory is device memory of the current device (catches host
+// pointers handed in as device views, which would otherwise fault inside a kernel).
+void require_device_memory(const tensor_view& v, const char* arg);
+
+// Throws the launch error, if any, of the last kernel launch.
+inline void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel, __FILE__, __LINE__);
+}
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) vec {
+  T v[N];
+};
+
+template <class T>
+inline bool aligned_to(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+}  // namespace lowbit::kernels::cuda

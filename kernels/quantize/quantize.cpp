@@ -1,0 +1,293 @@
+// Host API of the quantization technique: argument checks with precise messages, then the CPU
+// twin or the CUDA kernels.
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/emu/names.hpp>
+#include <lowbit/kernels/quantize.hpp>
+
+#include <string>
+
+#include "../common/device_check.hpp"
+#include "quantize_internal.hpp"
+
+namespace lowbit::kernels {
+
+double target::max_value() const {
+  return is_int ? static_cast<double>(ifmt.max()) : emu::max_value(fmt);
+}
+
+dtype target::code_dtype() const {
+  if (is_int) return ifmt.is_signed ? dtype::int8 : dtype::uint8;
+  return fmt.bits() <= 8 ? dtype::uint8 : dtype::uint16;
+}
+
+int target::emax() const { return is_int ? 0 : fmt.emax(); }
+
+std::int64_t grouping::scale_rows(std::int64_t m) const {
+  switch (k) {
+    case kind::tensor: case kind::columns: return 1;
+    case kind::rows: case kind::blocks: return m;
+    case kind::tiles: return (m + tile_rows - 1) / tile_rows;
+  }
+  return 1;
+}
+
+std::int64_t grouping::scale_cols(std::int64_t n) const {
+  switch (k) {
+    case kind::tensor: case kind::rows: return 1;
+    case kind::columns: return n;
+    case kind::blocks: case kind::tiles: return (n + tile_cols - 1) / tile_cols;
+  }
+  return 1;
+}
+
+namespace {
+
+const std::initializer_list<dtype> real_inputs = {dtype::float32, dtype::float16,
+                                                   dtype::bfloat16};
+
+void validate_target(const target& t, const char* arg) {
+  if (t.is_int) {
+    if (const char* why = emu::check_int_format(t.ifmt))
+      throw error(errc::invalid_argument, std::string(arg) + ": " + why);
+    require(t.ifmt.bits <= 8, errc::invalid_argument,
+            std::string(arg) + ": integer targets have at most 8 bits (one code per byte)");
+    return;
+  }
+  if (const char* why = emu::check_format(t.fmt))
+    throw error(errc::invalid_argument, std::string(arg) + ": " + why);
+  require(t.fmt.fits_float() && t.fmt.bits() <= 16, errc::invalid_argument,
+          std::string(arg) + ": format " + emu::format_name(t.fmt) +
+              " cannot be a quantization target (its values must fit float32 and its codes "
+              "16 bits)");
+}
+
+void validate_grouping(const grouping& g) {
+  if (g.k == grouping::kind::blocks)
+    require(g.tile_cols >= 1, errc::invalid_argument, "grouping: block length must be >= 1");
+  if (g.k == grouping::kind::tiles)
+    require(g.tile_rows >= 1 && g.tile_cols >= 1, errc::invalid_argument,
+            "grouping: tile sizes must be >= 1");
+}
+
+void require_numel(const tensor_view& v, const char* arg, std::int64_t n, const char* what) {
+  require(v.numel() == n, errc::invalid_argument,
+          std::string(arg) + ": expected " + std::to_string(n) + " elements (" + what +
+              ") but got shape " + v.shape_string());
+}
+
+// Common checks of x and codes; returns the matrix readings.
+void check_x_codes(const tensor_view& x, const tensor_view& codes, const target& t,
+                   bool transpose, matrix_shape& xm, matrix_shape& cm) {
+  require_valid(x, "x");
+  require_valid(codes, "codes");
+  require_dtype(x, "x", real_inputs);
+  require_dtype(codes, "codes", {t.code_dtype()});
+  require_same_device(x, "x", codes, "codes");
+  xm = as_matrix(x, "x");
+  cm = as_matrix(codes, "codes");
+  if (transpose) {
+    require(cm.rows == xm.cols && cm.cols == xm.rows, errc::invalid_argument,
+            "codes: with transpose, codes must be the " + std::to_string(xm.cols) + " x " +
+                std::to_string(xm.rows) + " transpose of x (got shape " +
+                codes.shape_string() + ")");
+  } else {
+    require_same_shape(x, "x", codes, "codes");
+  }
+}
+
+void check_float_vector(const tensor_view& v, const char* arg, const tensor_view& x) {
+  require_valid(v, arg);
+  require_dtype(v, arg, {dtype::float32});
+  require_contiguous(v, arg);
+  require_same_device(x, "x", v, arg);
+}
+
+}  // namespace
+
+void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
+              const target& t, const grouping& g, const emu::policy& pol, const scaling& sc,
+              const emu::random_stream& rng, bool transpose, const exec& ex) {
+  validate_target(t, "target");
+  validate_grouping(g);
+  emu::validate(pol);
+  require(sc.margin >= -126 && sc.margin <= 126, errc::invalid_argument,
+          "scaling: margin must be in [-126, 126]");
+  require(!transpose || g.k == grouping::kind::columns, errc::invalid_argument,
+          "transpose: only per-column quantization can write transposed codes");
+  quant_problem p;
+  check_x_codes(x, codes, t, transpose, p.xm, p.cm);
+  check_float_vector(scales, "scales", x);
+  require_numel(scales, "scales", g.scale_rows(p.xm.rows) * g.scale_cols(p.xm.cols),
+                "one per group");
+  p.x = x;
+  p.codes = codes;
+  p.scales = scales;
+  p.t = t;
+  p.g = g;
+  p.pol = pol;
+  p.sc = sc;
+  p.rng = rng;
+  p.transpose = transpose;
+  p.target_max = static_cast<float>(t.max_value());
+  if (x.dev.type == device_type::cuda) {
+    require_device_memory({&x, &codes, &scales}, {"x", "codes", "scales"});
+    return cuda::quantize(p, ex);
+  }
+  cpu::quantize(p, ex);
+}
+
+void cast_scaled(const tensor_view& x, const tensor_view& codes, const tensor_view& scale,
+                 const target& t, const emu::policy& pol, const emu::random_stream& rng,
+                 const exec& ex) {
+  validate_target(t, "target");
+  emu::validate(pol);
+  quant_problem p;
+  check_x_codes(x, codes, t, false, p.xm, p.cm);
+  check_float_vector(scale, "scale", x);
+  require_numel(scale, "scale", 1, "the quantization multiplier");
+  p.x = x;
+  p.codes = codes;
+  p.t = t;
+  p.g = grouping::per_tensor();
+  p.pol = pol;
+  p.rng = rng;
+  p.target_max = static_cast<float>(t.max_value());
+  p.src = scale_source::given;
+  p.scale_in = scale;
+  if (x.dev.type == device_type::cuda) {
+    require_device_memory({&x, &codes, &scale}, {"x", "codes", "scale"});
+    return cuda::quantize(p, ex);
+  }
+  cpu::quantize(p, ex);
+}
+
+void quantize_delayed(const tensor_view& x, const tensor_view& codes,
+                      const tensor_view& scale_pair, const tensor_view& history,
+                      const target& t, history_reduce reduce, const emu::policy& pol,
+                      const scaling& sc, const emu::random_stream& rng, const exec& ex) {
+  validate_target(t, "target");
+  emu::validate(pol);
+  require(sc.margin >= -126 && sc.margin <= 126, errc::invalid_argument,
+          "scaling: margin must be in [-126, 126]");
+  quant_problem p;
+  check_x_codes(x, codes, t, false, p.xm, p.cm);
+  check_float_vector(scale_pair, "scale_pair", x);
+  require_numel(scale_pair, "scale_pair", 2, "q and d");
+  check_float_vector(history, "history", x);
+  require(history.numel() >= 1 && history.numel() <= 4096, errc::invalid_argument,
+          "history: the amax history needs 1..4096 entries");
+  p.x = x;
+  p.codes = codes;
+  p.scales = scale_pair;
+  p.t = t;
+  p.g = grouping::per_tensor();
+  p.pol = pol;
+  p.sc = sc;
+  p.rng = rng;
+  p.target_max = static_cast<float>(t.max_value());
+  p.src = scale_source::history;
+  p.scale_in = history;
+  p.reduce = reduce;
+  if (x.dev.type == device_type::cuda) {
+    require_device_memory({&x, &codes, &scale_pair, &history},
+                          {"x", "codes", "scale_pair", "history"});
+    return cuda::quantize(p, ex);
+  }
+  cpu::quantize(p, ex);
+}
+
+void dequantize(const tensor_view& codes, const tensor_view& scales, const tensor_view& out,
+                const target& t, const grouping& g, const exec& ex) {
+  validate_target(t, "target");
+  validate_grouping(g);
+  dequant_problem p;
+  require_valid(codes, "codes");
+  require_valid(out, "out");
+  require_dtype(codes, "codes", {t.code_dtype()});
+  require_dtype(out, "out", {dtype::float32});
+  require_same_shape(codes, "codes", out, "out");
+  require_same_device(codes, "codes", out, "out");
+  p.cm = as_matrix(codes, "codes");
+  p.om = as_matrix(out, "out");
+  check_float_vector(scales, "scales", codes);
+  require_numel(scales, "scales", g.scale_rows(p.cm.rows) * g.scale_cols(p.cm.cols),
+                "one per group");
+  p.codes = codes;
+  p.scales = scales;
+  p.out = out;
+  p.t = t;
+  p.g = g;
+  if (codes.dev.type == device_type::cuda) {
+    require_device_memory({&codes, &scales, &out}, {"codes", "scales", "out"});
+    return cuda::dequantize(p, ex);
+  }
+  cpu::dequantize(p, ex);
+}
+
+namespace {
+void check_mx_target(const target& t, std::int64_t block) {
+  validate_target(t, "elem");
+  require(!t.is_int || (t.ifmt == emu::int8), errc::invalid_argument,
+          "elem: the MX integer element is int8 (MXINT8)");
+  require(block >= 1, errc::invalid_argument, "block: must be >= 1 (OCP MX uses 32)");
+}
+}  // namespace
+
+void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
+                 const target& elem, const emu::policy& pol, std::int64_t block,
+                 const emu::random_stream& rng, const exec& ex) {
+  check_mx_target(elem, block);
+  emu::validate(pol);
+  mx_problem p;
+  check_x_codes(x, codes, elem, false, p.xm, p.cm);
+  require_valid(scales, "scales");
+  require_dtype(scales, "scales", {dtype::uint8});
+  require_contiguous(scales, "scales");
+  require_same_device(x, "x", scales, "scales");
+  require_numel(scales, "scales", p.xm.rows * ((p.xm.cols + block - 1) / block),
+                "one E8M0 code per block");
+  p.x = x;
+  p.codes = codes;
+  p.scales = scales;
+  p.t = elem;
+  p.pol = pol;
+  p.rng = rng;
+  p.block = block;
+  if (x.dev.type == device_type::cuda) {
+    require_device_memory({&x, &codes, &scales}, {"x", "codes", "scales"});
+    return cuda::quantize_mx(p, ex);
+  }
+  cpu::quantize_mx(p, ex);
+}
+
+void dequantize_mx(const tensor_view& codes, const tensor_view& scales, const tensor_view& out,
+                   const target& elem, std::int64_t block, const exec& ex) {
+  check_mx_target(elem, block);
+  dequant_problem p;
+  require_valid(codes, "codes");
+  require_valid(out, "out");
+  require_dtype(codes, "codes", {elem.code_dtype()});
+  require_dtype(out, "out", {dtype::float32});
+  require_same_shape(codes, "codes", out, "out");
+  require_same_device(codes, "codes", out, "out");
+  p.cm = as_matrix(codes, "codes");
+  p.om = as_matrix(out, "out");
+  require_valid(scales, "scales");
+  require_dtype(scales, "scales", {dtype::uint8});
+  require_contiguous(scales, "scales");
+  require_same_device(codes, "codes", scales, "scales");
+  require_numel(scales, "scales", p.cm.rows * ((p.cm.cols + block - 1) / block),
+                "one E8M0 code per block");
+  p.codes = codes;
+  p.scales = scales;
+  p.out = out;
+  p.t = elem;
+  p.block = block;
+  if (codes.dev.type == device_type::cuda) {
+    require_device_memory({&codes, &scales, &out}, {"codes", "scales", "out"});
+    return cuda::dequantize_mx(p, ex);
+  }
+  cpu::dequantize_mx(p, ex);
+}
+
+}  // namespace lowbit::kernels

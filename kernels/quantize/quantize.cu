@@ -1,0 +1,635 @@
+// CUDA kernels of the quantization technique. Per-element and per-group results come from
+// quantize_ops.hpp (shared with the CPU twin); this file only organizes the work:
+//
+//   per tensor, columns : amax kernel (atomicMax of |x| bits, order-free) -> scale kernel -> cast
+//   rows, blocks, tiles : one pass per group: short groups (<= 256 elements) by sub-warps with
+//                         shuffles, long groups by one block each (amax pass, then cast pass;
+//                         the second pass reads from L1/L2)
+//   MX                  : the short-group kernel with the E8M0 scale rule
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../common/cuda_map.cuh"
+#include "../common/dispatch_target.hpp"
+#include "quantize_internal.hpp"
+#include "quantize_ops.hpp"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+
+using quant_ops::abs_bits;
+
+constexpr int threads = 256;
+
+// Stream-ordered scratch memory.
+class scratch {
+ public:
+  scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
+    LOWBIT_CUDA_CHECK(cudaMallocAsync(&p_, bytes < 4 ? 4 : bytes, s));
+  }
+  ~scratch() { cudaFreeAsync(p_, stream_); }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// ---- amax --------------------------------------------------------------------------------------
+
+template <class In>
+__global__ void __launch_bounds__(threads)
+    amax_tensor_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                       std::int64_t rs, std::uint32_t* __restrict__ amax) {
+  std::uint32_t m = 0;
+  if (rs == cols) {  // contiguous: one flat grid-stride loop
+    const std::int64_t n = rows * cols;
+    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+      m = max(m, abs_bits(cast_ops::load(x[i])));
+  } else {
+    for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+      for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+           c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
+  }
+  m = block_max(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+}
+
+// Per-column amax: a 32 x 8 block covers 32 columns and strides down the rows.
+template <class In>
+__global__ void __launch_bounds__(threads)
+    amax_columns_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                        std::int64_t rs, std::uint32_t* __restrict__ amax) {
+  __shared__ std::uint32_t part[8][33];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  std::uint32_t m = 0;
+  if (c < cols)
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * 8 + threadIdx.y; r < rows;
+         r += static_cast<std::int64_t>(gridDim.y) * 8)
+      m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
+  part[threadIdx.y][threadIdx.x] = m;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int k = 1; k < 8; ++k) m = max(m, part[k][threadIdx.x]);
+    if (m != 0) atomicMax(amax + c, m);
+  }
+}
+
+// Scales of every group from its amax: q to scratch, d to the output.
+__global__ void scale_kernel(const std::uint32_t* __restrict__ amax, float* __restrict__ q,
+                             float* __restrict__ d, std::int64_t groups, float target_max,
+                             scaling sc) {
+  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < groups; g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const auto s = quant_ops::scale_from_amax(amax[g], target_max, sc);
+    q[g] = s.q;
+    if (d != nullptr) d[g] = s.d;
+  }
+}
+
+// Delayed scaling, step 1: the scale from the history, then the history shifted by one with a
+// zero at the front for this step's amax (accumulated by the cast kernel).
+__global__ void history_kernel(float* __restrict__ hist, int h, history_reduce reduce,
+                               float* __restrict__ scale_pair, float target_max, scaling sc) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  std::uint32_t used = abs_bits(hist[0]);
+  if (reduce == history_reduce::max)
+    for (int k = 1; k < h; ++k) used = max(used, abs_bits(hist[k]));
+  const auto s = quant_ops::scale_from_amax(used, target_max, sc);
+  scale_pair[0] = s.q;
+  scale_pair[1] = s.d;
+  for (int k = h - 1; k > 0; --k) hist[k] = hist[k - 1];
+  hist[0] = 0.0f;
+}
+
+// ---- element-wise cast with a scale per column or per tensor --------------------------------
+
+template <class FT, class PT, class Code>
+struct column_op {
+  static constexpr bool needs_position = true;
+  target t;
+  FT ft;
+  PT pt;
+  const float* q;
+  template <class In>
+  __device__ Code operator()(In x, std::int64_t, std::int64_t c, std::uint32_t rbits) const {
+    return static_cast<Code>(
+        quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), q[c], rbits));
+  }
+};
+
+// Same with one scale for the tensor, read once per thread.
+template <class FT, class PT, class Code>
+struct tensor_op {
+  static constexpr bool needs_position = false;
+  target t;
+  FT ft;
+  PT pt;
+  const float* q;
+  template <class In>
+  __device__ Code operator()(In x, std::int64_t, std::int64_t, std::uint32_t rbits) const {
+    return static_cast<Code>(
+        quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), __ldg(q), rbits));
+  }
+};
+
+// Cast fused with the amax of the same elements (delayed scaling: quantize with the history's
+// scale and measure this step's amax in one read of x).
+template <class In, class Code, class FT, class PT>
+__global__ void __launch_bounds__(threads)
+    cast_amax_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                     std::int64_t xrs, Code* __restrict__ codes, std::int64_t crs, target t, FT ft,
+                     PT pt, const float* __restrict__ qp, std::uint32_t* __restrict__ amax,
+                     emu::random_stream rng) {
+  const float q = *qp;
+  std::uint32_t m = 0;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const float v = cast_ops::load(x[r * xrs + c]);
+      m = max(m, abs_bits(v));
+      const std::uint32_t rb =
+          pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * cols + c)) : 0u;
+      codes[r * crs + c] = static_cast<Code>(quant_ops::quantize_element(t, ft, pt, v, q, rb));
+    }
+  m = block_max(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+}
+
+// Per-column scales with the transposed write: a 32 x 32 tile goes through shared memory so that
+// both the read of x and the write of x^T are coalesced.
+template <class In, class Code, class FT, class PT>
+__global__ void __launch_bounds__(threads)
+    cast_transpose_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
+                          std::int64_t xrs, Code* __restrict__ codes, std::int64_t crs,
+                          target t, FT ft, PT pt, const float* __restrict__ q,
+                          emu::random_stream rng) {
+  __shared__ float tile[32][33];
+  const std::int64_t tiles_c = (cols + 31) / 32, tiles_r = (rows + 31) / 32;
+  for (std::int64_t tix = blockIdx.x; tix < tiles_c * tiles_r; tix += gridDim.x) {
+    const std::int64_t r0 = (tix / tiles_c) * 32, c0 = (tix % tiles_c) * 32;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+      const std::int64_t r = r0 + threadIdx.y + k, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[threadIdx.y + k][threadIdx.x] = cast_ops::load(x[r * xrs + c]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+      const std::int64_t c = c0 + threadIdx.y + k, r = r0 + threadIdx.x;  // output row c, col r
+      if (r < rows && c < cols) {
+        const std::uint32_t rb =
+            pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * cols + c)) : 0u;
+        codes[c * crs + r] = static_cast<Code>(quant_ops::quantize_element(
+            t, ft, pt, tile[threadIdx.x][threadIdx.y + k], q[c], rb));
+      }
+    }
+  }
+}
+
+// ---- one pass per group ------------------------------------------------------------------------
+
+struct group_geometry {
+  std::int64_t rows, cols;  // input extent
+  std::int64_t gr, gc;      // group extent (the last group in a row/column may be partial)
+  std::int64_t scale_cols;  // groups per group-row
+};
+
+// What a group-pass kernel does with a group's amax: the scaling rule, or OCP MX.
+struct amax_scale_rule {
+  static constexpr bool mx = false;
+  float target_max;
+  scaling sc;
+};
+struct mx_scale_rule {
+  static constexpr bool mx = true;
+  int emax;
+};
+
+template <class Rule, class FT, class PT>
+__device__ __forceinline__ std::uint32_t group_element(const Rule& rule, const target& t, FT ft,
+                                                       PT pt, float v, float q,
+                                                       std::uint32_t scale_code,
+                                                       std::uint32_t rb) {
+  if constexpr (Rule::mx)
+    return quant_ops::mx_element(t, ft, pt, v, scale_code, rb);
+  else
+    return quant_ops::quantize_element(t, ft, pt, v, q, rb);
+}
+
+// One block per group (long rows, large blocks, tiles): threads cover the group as a
+// (rows_per_step x lanes) grid, lanes a power of two, so no division per element.
+template <class Rule, class In, class Code, class Scale, class FT, class PT>
+__global__ void __launch_bounds__(threads)
+    group_block_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
+                       std::int64_t crs, Scale* __restrict__ scales, group_geometry geo,
+                       int lanes_log2, target t, FT ft, PT pt, Rule rule,
+                       emu::random_stream rng) {
+  const int lanes = 1 << lanes_log2;
+  const int lane = threadIdx.x & (lanes - 1), row_in_step = threadIdx.x >> lanes_log2;
+  const int rows_per_step = threads >> lanes_log2;
+  const std::int64_t groups_r = (geo.rows + geo.gr - 1) / geo.gr;
+  for (std::int64_t g = blockIdx.x; g < groups_r * geo.scale_cols; g += gridDim.x) {
+    const std::int64_t r0 = (g / geo.scale_cols) * geo.gr, c0 = (g % geo.scale_cols) * geo.gc;
+    const std::int64_t r1 = min(geo.rows, r0 + geo.gr), c1 = min(geo.cols, c0 + geo.gc);
+    std::uint32_t m = 0;
+    for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
+      for (std::int64_t c = c0 + lane; c < c1; c += lanes)
+        m = max(m, abs_bits(cast_ops::load(x[r * xrs + c])));
+    m = block_max(m);
+    float q = 0.0f;
+    std::uint32_t sc = 0;
+    if constexpr (Rule::mx) {
+      sc = quant_ops::mx_scale_code(m, rule.emax);
+      if (threadIdx.x == 0) scales[g] = static_cast<Scale>(sc);
+    } else {
+      const auto s = quant_ops::scale_from_amax(m, rule.target_max, rule.sc);
+      q = s.q;
+      if (threadIdx.x == 0) scales[g] = static_cast<Scale>(s.d);
+    }
+    for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
+      for (std::int64_t c = c0 + lane; c < c1; c += lanes) {
+        const std::uint32_t rb =
+            pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
+        codes[r * crs + c] = static_cast<Code>(
+            group_element(rule, t, ft, pt, cast_ops::load(x[r * xrs + c]), q, sc, rb));
+      }
+  }
+}
+
+// Short row segments (length k <= 256): each thread owns 8 consecutive elements, a segment owns
+// `seg_lanes` (a power of two) adjacent lanes of one warp and reduces its amax by shuffles.
+// Blocks are (bx x by) with bx a power of two >= seg_lanes, so segments never straddle warps.
+template <class Rule, class In, class Code, class Scale, class FT, class PT>
+__global__ void __launch_bounds__(threads)
+    segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
+                   std::int64_t crs, Scale* __restrict__ scales, std::int64_t rows,
+                   std::int64_t cols, std::int64_t k, int seg_lanes, std::int64_t lanes_per_row,
+                   bool vector, target t, FT ft, PT pt, Rule rule, emu::random_stream rng) {
+  const std::int64_t nseg = (cols + k - 1) / k;
+  for (std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y; rb0 < rows;
+       rb0 += static_cast<std::int64_t>(gridDim.y) * blockDim.y) {
+    const std::int64_t r = rb0 + threadIdx.y;
+    for (std::int64_t lb0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x;
+         lb0 < lanes_per_row; lb0 += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const std::int64_t l = lb0 + threadIdx.x;
+      const std::int64_t seg = l / seg_lanes;  // seg_lanes is a power of two: a shift
+      const std::int64_t off = (l & (seg_lanes - 1)) * 8;
+      const std::int64_t c = seg * k + off;
+      const std::int64_t end = min(cols, (seg + 1) * k);
+      const bool row_ok = r < rows && seg < nseg;
+      float v[8];
+      bool ok[8];
+      if (vector) {
+        // Vector path: k and cols are multiples of 8 and rows are 32-byte aligned.
+        const bool full = row_ok && off < k && c < end;
+        if (full) {
+          const vec<In, 8> w = *reinterpret_cast<const vec<In, 8>*>(x + r * xrs + c);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = cast_ops::load(w.v[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ok[e] = full;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          ok[e] = row_ok && off + e < k && c + e < end;
+          v[e] = ok[e] ? cast_ops::load(x[r * xrs + c + e]) : 0.0f;
+        }
+      }
+      std::uint32_t m = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
+      for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (!row_ok) continue;
+      float q = 0.0f;
+      std::uint32_t sc = 0;
+      if constexpr (Rule::mx) {
+        sc = quant_ops::mx_scale_code(m, rule.emax);
+        if (off == 0) scales[r * nseg + seg] = static_cast<Scale>(sc);
+      } else {
+        const auto s = quant_ops::scale_from_amax(m, rule.target_max, rule.sc);
+        q = s.q;
+        if (off == 0) scales[r * nseg + seg] = static_cast<Scale>(s.d);
+      }
+      const std::uint64_t base = static_cast<std::uint64_t>(r * cols + c);
+      std::uint32_t rbits[8] = {};
+      if (pt.stochastic()) {
+        if ((base & 3u) == 0) {
+          const emu::philox_block b0 = rng.block(base >> 2), b1 = rng.block((base >> 2) + 1);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            rbits[e] = b0.v[e];
+            rbits[e + 4] = b1.v[e];
+          }
+        } else {  // rows not a multiple of 4 long: element by element
+#pragma unroll 1
+          for (int e = 0; e < 8; ++e) rbits[e] = rng.bits(base + e);
+        }
+      }
+      Code out[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        out[e] = static_cast<Code>(group_element(rule, t, ft, pt, v[e], q, sc, rbits[e]));
+      if (vector) {
+        if (ok[0]) {
+          vec<Code, 8> w;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w.v[e] = out[e];
+          *reinterpret_cast<vec<Code, 8>*>(codes + r * crs + c) = w;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (ok[e]) codes[r * crs + c + e] = out[e];
+      }
+    }
+  }
+}
+
+int log2_ceil(std::int64_t v) {
+  int l = 0;
+  while ((std::int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+// Launches the right group-pass kernel for row segments or tiles.
+template <class Rule, class In, class Code, class Scale, class FT, class PT>
+void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
+                   Scale* scales, std::int64_t gr, std::int64_t gc, const target& t, FT ft,
+                   PT pt, const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
+  if (xm.rows == 0 || xm.cols == 0) return;
+  if (gr == 1 && gc <= 256) {
+    const int seg_lanes = 1 << log2_ceil((gc + 7) / 8);
+    const std::int64_t nseg = (xm.cols + gc - 1) / gc;
+    const std::int64_t lanes_per_row = nseg * seg_lanes;
+    const int bx = static_cast<int>(std::min<std::int64_t>(
+        threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
+    const int by = threads / bx;
+    const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, 65535);
+    const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
+    const std::int64_t gy = std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
+    const bool vector = gc % 8 == 0 && xm.cols % 8 == 0 && xm.row_stride % 8 == 0 &&
+                        cm.row_stride % 8 == 0 && aligned_to<In>(x, sizeof(In) * 8) &&
+                        aligned_to<Code>(codes, sizeof(Code) * 8);
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block(bx, by);
+    segment_kernel<<<grid, block, 0, stream>>>(x, xm.row_stride, codes, cm.row_stride, scales,
+                                               xm.rows, xm.cols, gc, seg_lanes, lanes_per_row,
+                                               vector, t, ft, pt, rule, rng);
+    check_launch("segment_kernel");
+    return;
+  }
+  const std::int64_t width = std::min(gc, xm.cols);
+  const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
+  const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};
+  const std::int64_t groups = ((xm.rows + gr - 1) / gr) * geo.scale_cols;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(groups, std::int64_t{1} << 30));
+  group_block_kernel<<<grid, threads, 0, stream>>>(
+      x, xm.row_stride, codes, cm.row_stride, scales, geo, lanes_log2, t, ft, pt, rule, rng);
+  check_launch("group_block_kernel");
+}
+
+// Calls fn(In tag, Code tag, format tag, policy tag) for a call's types. The code type follows
+// from the target: uint8 for the fixed fp8 formats, else whatever the codes view holds.
+template <class Fn>
+void with_kernel_types(dtype in, dtype code, const target& t, const emu::policy& pol, Fn&& fn) {
+  cast_ops::dispatch_input(in, [&](auto in_tag) {
+    using In = decltype(in_tag);
+    if constexpr (!std::is_same_v<In, double>) {
+      detail::dispatch_target_for<In>(t, [&](auto ft) {
+        const auto with_code = [&](auto code_tag) {
+          detail::dispatch_policy(pol, [&](auto pt) { fn(in_tag, code_tag, ft, pt); });
+        };
+        if constexpr (std::is_same_v<decltype(ft), detail::runtime_format>) {
+          if (code == dtype::int8) return with_code(std::int8_t{});
+          if (code == dtype::uint16) return with_code(std::uint16_t{});
+        }
+        with_code(std::uint8_t{});
+      });
+    }
+  });
+}
+
+}  // namespace
+
+void quantize(const quant_problem& p, const exec& ex) {
+  const cudaStream_t stream = stream_of(ex);
+  const std::int64_t m = p.xm.rows, n = p.xm.cols;
+  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol, [&](auto in_tag, auto code_tag, auto ft,
+                                                            auto pt) {
+    using In = decltype(in_tag);
+    using Code = decltype(code_tag);
+    using FT = decltype(ft);
+    using PT = decltype(pt);
+    const bool sr = pt.stochastic();
+    const In* x = p.x.ptr<const In>();
+    Code* codes = p.codes.ptr<Code>();
+    float* scales = p.scales.ptr<float>();
+    const auto tensor_cast = [&](const float* q) {
+      launch_map(x, p.xm.row_stride, codes, p.cm.row_stride, m, n,
+                 tensor_op<FT, PT, Code>{p.t, ft, pt, q}, sr, p.rng, stream);
+    };
+    const auto amax_grid = [&]() {
+      const unsigned gx = grid_for(p.xm.contiguous() ? m * n : n, threads);
+      const unsigned gy = p.xm.contiguous() ? 1u
+                                             : static_cast<unsigned>(std::min<std::int64_t>(
+                                                   std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>(m, 65535)));
+      return dim3(gx, gy < 1 ? 1 : gy);
+    };
+
+    if (p.src == scale_source::given) {
+      tensor_cast(p.scale_in.ptr<const float>());
+      return;
+    }
+    if (p.src == scale_source::history) {
+      float* hist = p.scale_in.ptr<float>();
+      history_kernel<<<1, 32, 0, stream>>>(hist, static_cast<int>(p.scale_in.numel()), p.reduce,
+                                           scales, p.target_max, p.sc);
+      check_launch("history_kernel");
+      if (m * n == 0) return;
+      const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 1024));
+      const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
+          std::min<std::int64_t>(m, 65535), std::max<std::int64_t>(1, sm_count() * 8 / gx)));
+      cast_amax_kernel<<<dim3(gx, gy), threads, 0, stream>>>(
+          x, m, n, p.xm.row_stride, codes, p.cm.row_stride, p.t, ft, pt, scales,
+          reinterpret_cast<std::uint32_t*>(hist), p.rng);
+      check_launch("cast_amax_kernel");
+      return;
+    }
+    switch (p.g.k) {
+      case grouping::kind::tensor:
+      case grouping::kind::columns: {
+        const bool cols = p.g.k == grouping::kind::columns;
+        const std::int64_t groups = cols ? n : 1;
+        scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
+        LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
+        if (m * n != 0) {
+          if (cols) {
+            const unsigned gx = static_cast<unsigned>((n + 31) / 32);
+            const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
+                std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>((m + 7) / 8, 65535)));
+            amax_columns_kernel<<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(
+                x, m, n, p.xm.row_stride, amax.as<std::uint32_t>());
+          } else {
+            amax_tensor_kernel<<<amax_grid(), threads, 0, stream>>>(x, m, n, p.xm.row_stride,
+                                                                    amax.as<std::uint32_t>());
+          }
+          check_launch("amax kernel");
+        }
+        scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
+            amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
+        check_launch("scale_kernel");
+        if (m * n == 0) return;
+        if (!cols) {
+          tensor_cast(q.as<const float>());
+        } else if (p.transpose) {
+          const std::int64_t tiles = ((m + 31) / 32) * ((n + 31) / 32);
+          cast_transpose_kernel<<<grid_for(tiles * threads, threads), dim3(32, 8), 0, stream>>>(
+              x, m, n, p.xm.row_stride, codes, p.cm.row_stride, p.t, ft, pt, q.as<const float>(),
+              p.rng);
+          check_launch("cast_transpose_kernel");
+        } else {
+          launch_map(x, p.xm.row_stride, codes, p.cm.row_stride, m, n,
+                     column_op<FT, PT, Code>{p.t, ft, pt, q.as<const float>()},
+                     sr, p.rng, stream);
+        }
+        return;
+      }
+      default: break;
+    }
+    const std::int64_t gr = p.g.k == grouping::kind::tiles ? p.g.tile_rows : 1;
+    const std::int64_t gc = p.g.k == grouping::kind::rows ? std::max<std::int64_t>(n, 1) : p.g.tile_cols;
+    if (m * n == 0) {
+      // Groups without elements still get their scale: amax 0 gives d = 1.
+      const std::int64_t groups = p.g.scale_rows(m) * p.g.scale_cols(n);
+      if (groups == 0) return;
+      scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
+      LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
+      scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
+          amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
+      check_launch("scale_kernel");
+      return;
+    }
+    launch_groups(x, p.xm, codes, p.cm, scales, gr, gc, p.t, ft, pt,
+                      amax_scale_rule{p.target_max, p.sc}, p.rng, stream);
+  });
+}
+
+void quantize_mx(const mx_problem& p, const exec& ex) {
+  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol, [&](auto in_tag, auto code_tag, auto ft,
+                                                            auto pt) {
+    using In = decltype(in_tag);
+    using Code = decltype(code_tag);
+    if constexpr (!std::is_same_v<Code, std::uint16_t>) {
+      launch_groups(p.x.ptr<const In>(), p.xm, p.codes.ptr<Code>(),
+                                              p.cm, p.scales.ptr<std::uint8_t>(), 1, p.block,
+                                              p.t, ft, pt, mx_scale_rule{p.t.emax()}, p.rng,
+                                              stream_of(ex));
+    }
+  });
+}
+
+namespace {
+
+// Dequantization: each thread converts 8 consecutive elements of a row. The scale of element
+// (r, c) is scales[row_base(r) + c / tc]; the division happens once per thread and the index
+// then advances as c crosses multiples of tc. tc = 1 for columns, the block or tile width for
+// blocks and tiles, and "never" (INT64_MAX) for tensor and rows.
+struct scale_layout {
+  std::int64_t tr;          // rows per scale row (1, or the tile height, or INT64_MAX for tensor)
+  std::int64_t tc;          // columns per scale
+  std::int64_t scale_cols;  // scales per scale row
+  __device__ std::int64_t row_base(std::int64_t r) const { return (r / tr) * scale_cols; }
+};
+
+scale_layout layout_of(const grouping& g, std::int64_t n) {
+  constexpr std::int64_t never = INT64_MAX;
+  switch (g.k) {
+    case grouping::kind::tensor: return {never, never, 1};
+    case grouping::kind::rows: return {1, never, 1};
+    case grouping::kind::columns: return {never, 1, n};
+    case grouping::kind::blocks: return {1, g.tile_cols, g.scale_cols(n)};
+    case grouping::kind::tiles: return {g.tile_rows, g.tile_cols, g.scale_cols(n)};
+  }
+  return {never, never, 1};
+}
+
+template <bool MX, class Code, class Scale>
+__global__ void __launch_bounds__(threads)
+    dequant_kernel(const Code* __restrict__ codes, std::int64_t crs, float* __restrict__ out,
+                   std::int64_t ors, std::int64_t rows, std::int64_t cols,
+                   const Scale* __restrict__ scales, scale_layout lay, target t) {
+  const std::int64_t chunks = (cols + 7) / 8;
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const std::int64_t base = lay.row_base(r);
+    for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         k < chunks; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const std::int64_t c0 = k * 8;
+      std::int64_t g = c0 / lay.tc, rem = c0 - g * lay.tc;
+      const Code* src = codes + r * crs + c0;
+      float* dst = out + r * ors + c0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (c0 + e < cols) {
+          const auto u = static_cast<std::uint32_t>(src[e]) & (t.is_int ? 0xFFu : 0xFFFFu);
+          const Scale s = scales[base + g];
+          if constexpr (MX)
+            dst[e] = quant_ops::mx_value(t, u, s);
+          else
+            dst[e] = quant_ops::element_value(t, u) * s;
+        }
+        if (++rem == lay.tc) {
+          rem = 0;
+          ++g;
+        }
+      }
+    }
+  }
+}
+
+template <bool MX, class Scale>
+void launch_dequant(const dequant_problem& p, const Scale* scales, const scale_layout& lay,
+                    cudaStream_t stream) {
+  const std::int64_t m = p.cm.rows, n = p.cm.cols;
+  if (m * n == 0) return;
+  const std::int64_t chunks = (n + 7) / 8;
+  const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((chunks + threads - 1) / threads, 1024));
+  const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
+      std::min<std::int64_t>(m, 65535), std::max<std::int64_t>(1, sm_count() * 8 / gx)));
+  const auto run = [&](auto code_tag) {
+    using Code = decltype(code_tag);
+    dequant_kernel<MX><<<dim3(gx, gy), threads, 0, stream>>>(
+        p.codes.ptr<const Code>(), p.cm.row_stride, p.out.ptr<float>(), p.om.row_stride, m, n,
+        scales, lay, p.t);
+    check_launch("dequant_kernel");
+  };
+  if (p.codes.type == dtype::int8) return run(std::int8_t{});
+  if (p.codes.type == dtype::uint16) return run(std::uint16_t{});
+  run(std::uint8_t{});
+}
+
+}  // namespace
+
+void dequantize(const dequant_problem& p, const exec& ex) {
+  launch_dequant<false>(p, p.scales.ptr<const float>(), layout_of(p.g, p.cm.cols), stream_of(ex));
+}
+
+void dequantize_mx(const dequant_problem& p, const exec& ex) {
+  launch_dequant<true>(p, p.scales.ptr<const std::uint8_t>(),
+                       scale_layout{1, p.block, (p.cm.cols + p.block - 1) / p.block},
+                       stream_of(ex));
+}
+
+}  // namespace lowbit::kernels::cuda
