@@ -15,6 +15,15 @@ namespace lowbit::kernels::cuda {
 
 constexpr int map_threads = 256;
 
+// An op may load per-kernel values (a scale kept in device memory) once per thread: prepare().
+template <class Op>
+__device__ __forceinline__ Op prepared(const Op& op) {
+  if constexpr (requires { op.prepare(); })
+    return op.prepare();
+  else
+    return op;
+}
+
 template <class T>
 struct vec_width {
   // Elements per thread and iteration: 16 bytes of the wider of input and output.
@@ -26,7 +35,8 @@ struct vec_width {
 template <int V, class In, class Out, class Op>
 __global__ void __launch_bounds__(map_threads)
     map_flat_kernel(const In* __restrict__ in, Out* __restrict__ out, std::int64_t n,
-                    std::int64_t cols, Op op, bool stochastic, emu::random_stream rng) {
+                    std::int64_t cols, Op op_in, bool stochastic, emu::random_stream rng) {
+  const Op op = prepared(op_in);
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
   std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   for (; i + V <= n; i += stride) {
@@ -70,8 +80,9 @@ __global__ void __launch_bounds__(map_threads)
 template <class In, class Out, class Op>
 __global__ void __launch_bounds__(map_threads)
     map_2d_kernel(const In* __restrict__ in, std::int64_t in_rs, Out* __restrict__ out,
-                  std::int64_t out_rs, std::int64_t rows, std::int64_t cols, Op op,
+                  std::int64_t out_rs, std::int64_t rows, std::int64_t cols, Op op_in,
                   bool stochastic, emu::random_stream rng) {
+  const Op op = prepared(op_in);
   const std::int64_t col_step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

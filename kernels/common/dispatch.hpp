@@ -22,7 +22,7 @@ struct runtime_format {
   LOWBIT_HD constexpr emu::format get() const { return f; }
 };
 
-// Named formats (the fp8/fp6/fp4 formats and the 16-bit floats) become compile-time tags.
+// Named formats become compile-time tags (CPU twins; the GPU kernels use dispatch_target).
 template <class Fn>
 decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
   using namespace emu;
@@ -36,6 +36,10 @@ decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
   if (f == e2m1fn) return fn(fixed_format<e2m1fn>{});
   if (f == float16) return fn(fixed_format<float16>{});
   if (f == bfloat16) return fn(fixed_format<bfloat16>{});
+  if (f == e4m3) return fn(fixed_format<e4m3>{});
+  if (f == e3m4) return fn(fixed_format<e3m4>{});
+  if (f == e4m3b11fnuz) return fn(fixed_format<e4m3b11fnuz>{});
+  if (f == tfloat32) return fn(fixed_format<tfloat32>{});
   return fn(runtime_format{f});
 }
 

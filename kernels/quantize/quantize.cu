@@ -50,11 +50,20 @@ __global__ void __launch_bounds__(threads)
     amax_tensor_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
                        std::int64_t rs, std::uint32_t* __restrict__ amax) {
   std::uint32_t m = 0;
-  if (rs == cols) {  // contiguous: one flat grid-stride loop
+  constexpr int V = 16 / sizeof(In);
+  if (rs == cols) {  // contiguous: one flat grid-stride loop, 16-byte loads where aligned
     const std::int64_t n = rows * cols;
-    for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-      m = max(m, abs_bits(cast_ops::load(x[i])));
+    const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+    std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+      for (; (i + 1) * V <= n; i += step) {
+        const vec<In, V> w = *reinterpret_cast<const vec<In, V>*>(x + i * V);
+#pragma unroll
+        for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(w.v[e])));
+      }
+      i = (n / V) * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    }
+    for (; i < n; i += step) m = max(m, abs_bits(cast_ops::load(x[i])));
   } else {
     for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
       for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -137,10 +146,15 @@ struct tensor_op {
   FT ft;
   PT pt;
   const float* q;
+  float qv = 0.0f;
+  __device__ tensor_op prepare() const {
+    tensor_op o = *this;
+    o.qv = __ldg(q);
+    return o;
+  }
   template <class In>
   __device__ Code operator()(In x, std::int64_t, std::int64_t, std::uint32_t rbits) const {
-    return static_cast<Code>(
-        quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), __ldg(q), rbits));
+    return static_cast<Code>(quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), qv, rbits));
   }
 };
 
@@ -269,16 +283,21 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// Short row segments (length k <= 256): each thread owns 8 consecutive elements, a segment owns
-// `seg_lanes` (a power of two) adjacent lanes of one warp and reduces its amax by shuffles.
-// Blocks are (bx x by) with bx a power of two >= seg_lanes, so segments never straddle warps.
-template <class Rule, class In, class Code, class Scale, class FT, class PT>
+// Row segments of up to 256 * E elements held in registers: each thread owns E consecutive
+// elements, a segment owns `seg_lanes` (a power of two, <= 256) adjacent lanes. The segment's amax
+// is reduced by shuffles within a warp and, for segments longer than a warp, through shared
+// memory; the elements are then encoded from registers, so x is read once. Blocks are
+// (bx x by) with bx a power of two >= seg_lanes, so segments never straddle blocks or warps
+// unevenly.
+template <int E, class Rule, class In, class Code, class Scale, class FT, class PT>
 __global__ void __launch_bounds__(threads)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, Scale* __restrict__ scales, std::int64_t rows,
                    std::int64_t cols, std::int64_t k, int seg_lanes, std::int64_t lanes_per_row,
                    bool vector, target t, FT ft, PT pt, Rule rule, emu::random_stream rng) {
+  __shared__ std::uint32_t warp_max_smem[threads / 32];
   const std::int64_t nseg = (cols + k - 1) / k;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   for (std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y; rb0 < rows;
        rb0 += static_cast<std::int64_t>(gridDim.y) * blockDim.y) {
     const std::int64_t r = rb0 + threadIdx.y;
@@ -286,33 +305,44 @@ __global__ void __launch_bounds__(threads)
          lb0 < lanes_per_row; lb0 += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
       const std::int64_t l = lb0 + threadIdx.x;
       const std::int64_t seg = l / seg_lanes;  // seg_lanes is a power of two: a shift
-      const std::int64_t off = (l & (seg_lanes - 1)) * 8;
+      const std::int64_t off = (l & (seg_lanes - 1)) * E;
       const std::int64_t c = seg * k + off;
       const std::int64_t end = min(cols, (seg + 1) * k);
       const bool row_ok = r < rows && seg < nseg;
-      float v[8];
-      bool ok[8];
+      float v[E];
+      bool ok[E];
       if (vector) {
-        // Vector path: k and cols are multiples of 8 and rows are 32-byte aligned.
+        // k and cols are multiples of E and rows are aligned to E elements.
         const bool full = row_ok && off < k && c < end;
         if (full) {
-          const vec<In, 8> w = *reinterpret_cast<const vec<In, 8>*>(x + r * xrs + c);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = cast_ops::load(w.v[e]);
+          for (int h = 0; h < E; h += 8) {
+            const vec<In, 8> w = *reinterpret_cast<const vec<In, 8>*>(x + r * xrs + c + h);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[h + e] = cast_ops::load(w.v[e]);
+          }
         }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) ok[e] = full;
+        for (int e = 0; e < E; ++e) ok[e] = full;
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
+        for (int e = 0; e < E; ++e) {
           ok[e] = row_ok && off + e < k && c + e < end;
           v[e] = ok[e] ? cast_ops::load(x[r * xrs + c + e]) : 0.0f;
         }
       }
       std::uint32_t m = 0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
-      for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      for (int e = 0; e < E; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
+      const int warp_lanes = seg_lanes < 32 ? seg_lanes : 32;
+      for (int o = 1; o < warp_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (seg_lanes > 32) {  // block-uniform: the segment spans several warps
+        __syncthreads();
+        if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
+        __syncthreads();
+        const int first = (tid >> 5) & ~(seg_lanes / 32 - 1);
+        for (int w = 0; w < seg_lanes / 32; ++w) m = max(m, warp_max_smem[first + w]);
+      }
       if (!row_ok) continue;
       float q = 0.0f;
       std::uint32_t sc = 0;
@@ -325,34 +355,37 @@ __global__ void __launch_bounds__(threads)
         if (off == 0) scales[r * nseg + seg] = static_cast<Scale>(s.d);
       }
       const std::uint64_t base = static_cast<std::uint64_t>(r * cols + c);
-      std::uint32_t rbits[8] = {};
+      std::uint32_t rbits[E] = {};
       if (pt.stochastic()) {
         if ((base & 3u) == 0) {
-          const emu::philox_block b0 = rng.block(base >> 2), b1 = rng.block((base >> 2) + 1);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            rbits[e] = b0.v[e];
-            rbits[e + 4] = b1.v[e];
+          for (int h = 0; h < E; h += 4) {
+            const emu::philox_block b = rng.block((base + h) >> 2);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) rbits[h + e] = b.v[e];
           }
         } else {  // rows not a multiple of 4 long: element by element
 #pragma unroll 1
-          for (int e = 0; e < 8; ++e) rbits[e] = rng.bits(base + e);
+          for (int e = 0; e < E; ++e) rbits[e] = rng.bits(base + e);
         }
       }
-      Code out[8];
+      Code out[E];
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
+      for (int e = 0; e < E; ++e)
         out[e] = static_cast<Code>(group_element(rule, t, ft, pt, v[e], q, sc, rbits[e]));
       if (vector) {
         if (ok[0]) {
-          vec<Code, 8> w;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) w.v[e] = out[e];
-          *reinterpret_cast<vec<Code, 8>*>(codes + r * crs + c) = w;
+          for (int h = 0; h < E; h += 8) {
+            vec<Code, 8> w;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) w.v[e] = out[h + e];
+            *reinterpret_cast<vec<Code, 8>*>(codes + r * crs + c + h) = w;
+          }
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
+        for (int e = 0; e < E; ++e)
           if (ok[e]) codes[r * crs + c + e] = out[e];
       }
     }
@@ -365,32 +398,40 @@ int log2_ceil(std::int64_t v) {
   return l;
 }
 
-// Launches the right group-pass kernel for row segments or tiles.
+template <int E, class Rule, class In, class Code, class Scale, class FT, class PT>
+void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
+                     Scale* scales, std::int64_t k, const target& t, FT ft, PT pt,
+                     const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
+  const int seg_lanes = 1 << log2_ceil((k + E - 1) / E);
+  const std::int64_t nseg = (xm.cols + k - 1) / k;
+  const std::int64_t lanes_per_row = nseg * seg_lanes;
+  const int bx = static_cast<int>(std::min<std::int64_t>(
+      threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
+  const int by = threads / bx;
+  const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, 65535);
+  const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
+  const std::int64_t gy =
+      std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
+  const bool vector = k % E == 0 && xm.cols % E == 0 && xm.row_stride % E == 0 &&
+                      cm.row_stride % E == 0 && aligned_to<In>(x, sizeof(In) * 8) &&
+                      aligned_to<Code>(codes, sizeof(Code) * 8);
+  segment_kernel<E><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), 0,
+                      stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols,
+                                k, seg_lanes, lanes_per_row, vector, t, ft, pt, rule, rng);
+  check_launch("segment_kernel");
+}
+
+// Launches the right group-pass kernel for row segments or tiles: segments of up to 2048
+// elements with 8 per thread, up to 4096 with 16, longer ones and 2-D tiles one block per group.
 template <class Rule, class In, class Code, class Scale, class FT, class PT>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    Scale* scales, std::int64_t gr, std::int64_t gc, const target& t, FT ft,
                    PT pt, const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0) return;
-  if (gr == 1 && gc <= 256) {
-    const int seg_lanes = 1 << log2_ceil((gc + 7) / 8);
-    const std::int64_t nseg = (xm.cols + gc - 1) / gc;
-    const std::int64_t lanes_per_row = nseg * seg_lanes;
-    const int bx = static_cast<int>(std::min<std::int64_t>(
-        threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
-    const int by = threads / bx;
-    const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, 65535);
-    const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
-    const std::int64_t gy = std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
-    const bool vector = gc % 8 == 0 && xm.cols % 8 == 0 && xm.row_stride % 8 == 0 &&
-                        cm.row_stride % 8 == 0 && aligned_to<In>(x, sizeof(In) * 8) &&
-                        aligned_to<Code>(codes, sizeof(Code) * 8);
-    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block(bx, by);
-    segment_kernel<<<grid, block, 0, stream>>>(x, xm.row_stride, codes, cm.row_stride, scales,
-                                               xm.rows, xm.cols, gc, seg_lanes, lanes_per_row,
-                                               vector, t, ft, pt, rule, rng);
-    check_launch("segment_kernel");
-    return;
-  }
+  if (gr == 1 && gc <= 2048)
+    return launch_segments<8>(x, xm, codes, cm, scales, gc, t, ft, pt, rule, rng, stream);
+  if (gr == 1 && gc <= 4096)
+    return launch_segments<16>(x, xm, codes, cm, scales, gc, t, ft, pt, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);
   const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
   const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};
@@ -588,7 +629,7 @@ __global__ void __launch_bounds__(threads)
           if constexpr (MX)
             dst[e] = quant_ops::mx_value(t, u, s);
           else
-            dst[e] = quant_ops::element_value(t, u) * s;
+            dst[e] = quant_ops::descaled(quant_ops::element_value(t, u), s);
         }
         if (++rem == lay.tc) {
           rem = 0;

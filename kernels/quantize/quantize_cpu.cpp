@@ -195,11 +195,11 @@ void dequantize(const dequant_problem& p, const exec& ex) {
         [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t r = b; r < e; ++r)
             for (std::int64_t c = 0; c < n; ++c)
-              out[r * p.om.row_stride + c] =
+              out[r * p.om.row_stride + c] = quant_ops::descaled(
                   quant_ops::element_value(
                       p.t, static_cast<std::uint32_t>(codes[r * p.cm.row_stride + c]) &
-                               (p.t.is_int ? 0xFFu : 0xFFFFu)) *
-                  scales[gi(r, c)];
+                               (p.t.is_int ? 0xFFu : 0xFFFFu)),
+                  scales[gi(r, c)]);
         },
         std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
   };
@@ -223,7 +223,6 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
       Code* codes = p.codes.ptr<Code>();
       detail::dispatch_target(p.t, [&](auto ft) {
         detail::dispatch_policy(p.pol, [&](auto pt) {
-          using PT = decltype(pt);
           parallel_for(
               m, ex.threads,
               [&](std::int64_t b, std::int64_t e) {

@@ -9,7 +9,7 @@
 #include <lowbit/kernels/quantize.hpp>
 
 #include "../cast/cast_ops.hpp"
-#include "../common/dispatch.hpp"
+#include "../common/dispatch_target.hpp"
 
 namespace lowbit::kernels::quant_ops {
 
@@ -22,6 +22,13 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t abs_bits(float x) {
   return bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
 }
 
+// floor(log2(amax)) for finite amax > 0.
+LOWBIT_HD LOWBIT_INLINE constexpr int floor_log2(std::uint32_t amax_bits) {
+  const int field = static_cast<int>(amax_bits >> 23);
+  if (field != 0) return field - 127;
+  return emu::detail::bit_width(amax_bits) - 1 - 149;
+}
+
 struct group_scale {
   float q;  // quantization multiplier
   float d;  // dequantization factor, stored per group
@@ -31,11 +38,11 @@ LOWBIT_HD LOWBIT_INLINE constexpr float pow2f(int k) {  // 2^k, k in [-126, 127]
   return bit_cast<float>(static_cast<std::uint32_t>(k + 127) << 23);
 }
 
-// Largest power of two <= v, for finite v > 0.
-LOWBIT_HD LOWBIT_INLINE constexpr float pow2_floor(float v) {
-  const std::uint32_t b = bit_cast<std::uint32_t>(v);
-  if (b >= 0x00800000u) return bit_cast<float>(b & 0xFF800000u);
-  return bit_cast<float>(std::uint32_t{1} << (emu::detail::bit_width(b) - 1));  // subnormal
+// The 24-bit significand of a finite positive float, leading one at bit 23 (subnormals
+// normalized), so that two floats' significands compare like their values at equal exponents.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t significand(std::uint32_t bits) {
+  if (bits >= 0x00800000u) return (bits & 0x007FFFFFu) | 0x00800000u;
+  return bits << (24 - emu::detail::bit_width(bits));
 }
 
 // The scale rule of quantize.hpp. target_max is float(max_value()).
@@ -48,15 +55,36 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
   }
   if (amax_bits == 0) return {1.0f, 1.0f};
   const float amax = bit_cast<float>(amax_bits);
+  if (sc.pow2) {
+    // q = 2^(floor(log2(max / amax)) - margin), computed exactly from the two significands
+    // (a float quotient could round up across a power of two), kept a normal float.
+    const std::uint32_t tb = bit_cast<std::uint32_t>(target_max);
+    const int k0 = floor_log2(tb) - floor_log2(amax_bits);
+    int k = k0 - (significand(tb) < significand(amax_bits) ? 1 : 0) - sc.margin;
+    k = k < -126 ? -126 : (k > 127 ? 127 : k);
+    const float q = pow2f(k);
+    return {q, 1.0f / q};  // exact: q is a power of two
+  }
   // margin within [-126, 126] (checked by the host API) keeps 2^margin a normal float.
   const float shrink = pow2f(-sc.margin), grow = pow2f(sc.margin);
   float q = target_max / amax * shrink;
-  if (sc.pow2) {
-    q = q > flt_max ? pow2f(127) : pow2_floor(q);
-    return {q, 1.0f / q};  // exact: q is a power of two
-  }
   if (q > flt_max) q = flt_max;  // amax so small that max/amax overflows
   return {q, amax / target_max * grow};
+}
+
+// The result of x * q, with NaNs made the same on every machine: CPUs carry an input NaN's sign
+// and payload through arithmetic while NVIDIA GPUs return one canonical NaN, so the shared rule is
+// "a NaN input keeps its sign, any other NaN result is positive".
+// A finite x whose product overflows float is a finite overflow, not an infinite input: it is
+// taken as +-FLT_MAX, which every target overflows from in the same direction as from the exact
+// product (so toward-zero roundings still give +-max, as for the exact value).
+LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
+  const float y = x * q;
+  if (y != y) return x != x ? x : bit_cast<float>(0x7FC00000u);
+  const std::uint32_t yb = bit_cast<std::uint32_t>(y);
+  if ((yb & 0x7FFFFFFFu) == 0x7F800000u && (bit_cast<std::uint32_t>(x) & 0x7F800000u) != 0x7F800000u)
+    return bit_cast<float>((yb & 0x80000000u) | 0x7F7FFFFFu);
+  return y;
 }
 
 // One element: encode(x * q) as the target's code (integers in two's complement, low bits).
@@ -64,11 +92,26 @@ template <class FormatTag, class PolicyTag>
 LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft,
                                                        PolicyTag pt, float x, float q,
                                                        std::uint32_t rbits) {
-  const float y = x * q;
-  if (t.is_int)
-    return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
-           0xFFu;
-  return detail::encode(ft, pt, y, rbits);
+  const float y = scaled(x, q);
+  if constexpr (detail::is_fixed_int<FormatTag>) {
+    if constexpr (PolicyTag::fixed)
+      return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), y, pt.get(), rbits)) & 0xFFu;
+    else
+      return static_cast<std::uint32_t>(
+                 detail::quantize_int_generic(ft.get_int(), y, pt.get(), rbits)) & 0xFFu;
+  } else {
+    if (t.is_int)
+      return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
+             0xFFu;
+    return detail::encode(ft, pt, y, rbits);
+  }
+}
+
+// Dequantized value v * d with the same NaN rule (a NaN code keeps its sign).
+LOWBIT_HD LOWBIT_INLINE float descaled(float v, float d) {
+  if (v != v) return v;
+  if (d != d) return bit_cast<float>(0x7FC00000u);
+  return v * d;
 }
 
 // The value of a code before scaling.
@@ -82,13 +125,6 @@ LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float element_value(const target& t, std::uin
 }
 
 // ---- OCP MX ------------------------------------------------------------------------------------
-
-// floor(log2(amax)) for finite amax > 0.
-LOWBIT_HD LOWBIT_INLINE constexpr int floor_log2(std::uint32_t amax_bits) {
-  const int field = static_cast<int>(amax_bits >> 23);
-  if (field != 0) return field - 127;
-  return emu::detail::bit_width(amax_bits) - 1 - 149;
-}
 
 // E8M0 code of the shared scale: floor(log2(amax)) - emax_elem, clamped to [-127, 127];
 // 0xFF (NaN) for a NaN or Inf in the block; 2^-127 (code 0) for an all-zero block.
@@ -116,17 +152,25 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, 
     return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
            0xFFu;
   }
-  emu::format f = ft.get();  // only the bias is a run-time value when the tag is fixed
+  if constexpr (FormatTag::fixed && PolicyTag::fixed && !detail::is_fixed_int<FormatTag>) {
+    if constexpr (emu::detail::rne_short_path(FormatTag::get())) {
+      // Nearest-even into a format whose subnormals stop at 2^-125: x * 2^-s in float is exact
+      // unless it falls below 2^-126, where it rounds to zero either way. Two factors keep each
+      // power of two a normal float.
+      const int s1 = s / 2, s2 = s - s1;
+      return emu::encode(ft.get(), (x * quant_ops::pow2f(-s1)) * quant_ops::pow2f(-s2), pt.get(),
+                         rbits);
+    }
+  }
+  emu::format f = ft.get();  // exact for every policy: x / 2^s is x in the format with bias - s
   f.bias -= s;
-  if constexpr (FormatTag::fixed && PolicyTag::fixed)
-    return emu::encode(f, x, pt.get(), rbits);
-  else
-    return detail::encode_generic(f, x, pt.get(), rbits);
+  return detail::encode_generic(f, x, pt.get(), rbits);
 }
 
 LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t code,
                                        std::uint32_t scale_code) {
   if (scale_code == 0xFFu) return bit_cast<float>(0x7FC00000u);
+  if (!t.is_int && emu::is_nan_code(t.fmt, code)) return emu::decode<float>(t.fmt, code);
   const int s = static_cast<int>(scale_code) - 127;
   if (t.is_int) {
     const double v = static_cast<double>(static_cast<std::int8_t>(static_cast<std::uint8_t>(code)));

@@ -201,8 +201,9 @@ kernels::grouping any_grouping() {
       return kernels::grouping::blocks(*rc::gen::element<std::int64_t>(1, 3, 8, 16, 32, 64, 100,
                                                                        128, 256, 257, 1024));
     default: {
-      const auto t = *rc::gen::element<std::pair<std::int64_t, std::int64_t>>(
-          {1, 1}, {2, 3}, {16, 16}, {128, 128}, {7, 300}, {1, 64});
+      const std::vector<std::pair<std::int64_t, std::int64_t>> tiles = {
+          {1, 1}, {2, 3}, {16, 16}, {128, 128}, {7, 300}, {1, 64}};
+      const auto t = *rc::gen::elementOf(tiles);
       return kernels::grouping::tiles(t.first, t.second);
     }
   }

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TextIO
 
 import lowbit
@@ -126,9 +127,59 @@ def _add_formats(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_formats)
 
 
+# ---- lowbit report -----------------------------------------------------------------------------
+
+
+def _size(text: str) -> int:
+    value = int(text)
+    if value < 16:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 16, got {text}")
+    return value
+
+
+def _threads(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 (all cores) or a positive count, got {text}")
+    return value
+
+
+def _run_report(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: `lowbit formats` should not pay for the report's imports.
+    from lowbit import report
+
+    report.run_report(report.Options(out=args.out, quick=args.quick, threads=args.threads,
+                                     size=args.size, json=args.json), out)
+    return 0
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="measure error and speed of every format on synthetic workloads",
+        description="Cast built-in synthetic workloads (gaussian, heavy-tailed, outliers) to "
+                    "every format under every rounding mode; print error statistics and CPU "
+                    "throughput (against ml_dtypes, measured in the same run), write JSON and "
+                    "PNG plots. docs/report.md explains every number.",
+    )
+    p.add_argument("--out", type=Path, default=Path("out/report"), metavar="DIR",
+                   help="directory for the plots and report.json (default: out/report)")
+    p.add_argument("--quick", action="store_true",
+                   help="2^18 values, formats e4m3fn e5m2 e2m1fn bfloat16 float16, roundings "
+                        "nearest_even toward_zero stochastic")
+    p.add_argument("--threads", type=_threads, default=0, metavar="N",
+                   help="CPU threads of the casts and of the multi-threaded throughput column "
+                        "(default 0: all cores)")
+    p.add_argument("--size", type=_size, default=None, metavar="N",
+                   help="values per workload (default 2^22, 2^18 with --quick)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="where to write the JSON report (default: DIR/report.json)")
+    p.set_defaults(run=_run_report)
+
+
 # ---- entry point -------------------------------------------------------------------------------
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_formats]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_formats, _add_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,33 @@ struct binary_traits<double> {
   static constexpr int width = 64, man = 52, bias = 1023;
 };
 
+// 2^k as T, for k in T's normal exponent range.
+template <class T>
+LOWBIT_HD LOWBIT_INLINE constexpr T pow2(int k) {
+  using tr = binary_traits<T>;
+  using U = typename tr::bits_type;
+  return bit_cast<T>(static_cast<U>(static_cast<U>(k + tr::bias) << tr::man));
+}
+
+template <class T>
+LOWBIT_HD LOWBIT_INLINE constexpr T quiet_nan(bool negative) {
+  using tr = binary_traits<T>;
+  using U = typename tr::bits_type;
+  const U bits = (((U{1} << (tr::width - tr::man)) - 1u) << (tr::man - 1)) |
+                 (negative ? U{1} << (tr::width - 1) : U{0});
+  return bit_cast<T>(bits);
+}
+
+template <class T>
+LOWBIT_HD LOWBIT_INLINE constexpr T infinity(bool negative) {
+  using tr = binary_traits<T>;
+  using U = typename tr::bits_type;
+  const U bits = (((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man) |
+                 (negative ? U{1} << (tr::width - 1) : U{0});
+  return bit_cast<T>(bits);
+}
+
+
 // True when rounding r of a value of the given sign moves toward zero, which decides whether a
 // finite overflow stops at the largest finite value (IEEE 754 section 7.4).
 LOWBIT_HD LOWBIT_INLINE constexpr bool rounds_toward_zero(rounding r, bool negative) {
@@ -138,6 +165,70 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t negative_unsigned_code(const for
 
 // ---- encode ------------------------------------------------------------------------------------
 
+namespace detail {
+
+// Formats for which float -> format under nearest-even takes the short path below: at least one
+// mantissa bit (with none, every significand is odd and ties go away from zero, which the float
+// bit trick would not do), a normal binade range inside float's, and subnormals no finer than
+// 2^-125 (so float subnormal inputs, and any flush-to-zero of them by a CPU's DAZ mode, round to
+// zero either way).
+LOWBIT_HD LOWBIT_INLINE constexpr bool rne_short_path(const format& f) {
+  return f.man_bits >= 1 && f.man_bits < 23 && f.emax() <= 127 && f.emin() >= -126 &&
+         f.has_zero && f.emin() - f.man_bits >= -125;
+}
+
+// float -> f, nearest-even, in about fifteen operations: on the normal grid, round the float's own
+// bits at the target's last mantissa place (the carry runs into the exponent by itself) and
+// re-bias the exponent; below it, one float addition of 2^(emin - man + 23) lines the target's
+// subnormal quantum up with the float's last place, and the FPU's nearest-even rounding does the
+// rest. Special values are patched in as in the general path.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float(const format& f, float x,
+                                                                 const policy& p) {
+  const auto b = bit_cast<std::uint32_t>(x);
+  const bool neg = (b >> 31) != 0;
+  const std::uint32_t a = b & 0x7FFFFFFFu;
+  const int s = 23 - f.man_bits;
+  const std::uint32_t lsb = (a >> s) & 1u;
+  const std::uint32_t normal =
+      ((a + ((1u << (s - 1)) - 1u) + lsb) >> s) - (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);
+  const float magic = pow2<float>(f.emin() - f.man_bits + 23);
+  const std::uint32_t sub =
+      bit_cast<std::uint32_t>(bit_cast<float>(a) + magic) - bit_cast<std::uint32_t>(magic);
+  const bool below_normal = a < (static_cast<std::uint32_t>(f.emin() + 127) << 23);
+  const std::uint32_t code = below_normal ? sub : normal;
+  std::uint32_t r = code | sign_code(f, neg);
+  if (!f.has_negative_zero() && code == 0) r = 0u;
+  if (below_normal && p.sub == subnormals::flush) r = zero_code(f, neg, p);
+  if (!below_normal && code > f.max_code()) r = overflow_code(f, neg, p);  // Inf included
+  if (neg && a != 0 && !f.is_signed) r = negative_unsigned_code(f, p);
+  if (a > 0x7F800000u) r = nan_code(f, neg, p);
+  return r;
+}
+
+// Formats that are float with fewer mantissa bits (bfloat16, TensorFloat-32): the same exponent
+// field, so rounding float's bits at the target's last place is the whole conversion, subnormals
+// and the overflow to Inf included (the carry runs into the exponent, then into all ones).
+LOWBIT_HD LOWBIT_INLINE constexpr bool float_prefix(const format& f) {
+  return f.exp_bits == 8 && f.bias == 127 && f.special == specials::ieee && f.is_signed &&
+         f.has_zero && f.man_bits >= 1 && f.man_bits < 23;
+}
+
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float_prefix(const format& f, float x,
+                                                                        const policy& p) {
+  const auto b = bit_cast<std::uint32_t>(x);
+  const bool neg = (b >> 31) != 0;
+  const std::uint32_t a = b & 0x7FFFFFFFu;
+  const int s = 23 - f.man_bits;
+  const std::uint32_t code = (a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s;
+  std::uint32_t r = code | sign_code(f, neg);
+  if (a < 0x00800000u && p.sub == subnormals::flush) r = zero_code(f, neg, p);
+  if (code > f.max_code()) r = overflow_code(f, neg, p);  // Inf included
+  if (a > 0x7F800000u) r = nan_code(f, neg, p);
+  return r;
+}
+
+}  // namespace detail
+
 // Rounds x (float or double) to format f under policy p. rbits: random bits for stochastic
 // rounding (the low p.random_bits bits are used). Returns the code in the low f.bits() bits.
 template <class T>
@@ -149,6 +240,12 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode(const format& f, T x, con
   constexpr U inf_bits = ((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man;
   constexpr U man_mask = (U{1} << tr::man) - 1u;
 
+  if constexpr (sizeof(T) == 4) {
+    if (p.round == rounding::nearest_even && detail::rne_short_path(f))
+      return detail::encode_rne_float(f, x, p);
+    if (p.round == rounding::nearest_even && detail::float_prefix(f))
+      return detail::encode_rne_float_prefix(f, x, p);
+  }
   const U b = detail::bit_cast<U>(x);
   const bool neg = (b & sign_bit) != 0;
   const U a = b & ~sign_bit;
@@ -195,35 +292,6 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode(const format& f, T x, con
 
 // ---- decode ------------------------------------------------------------------------------------
 
-namespace detail {
-
-// 2^k as T, for k in T's normal exponent range.
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T pow2(int k) {
-  using tr = binary_traits<T>;
-  using U = typename tr::bits_type;
-  return bit_cast<T>(static_cast<U>(static_cast<U>(k + tr::bias) << tr::man));
-}
-
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T quiet_nan(bool negative) {
-  using tr = binary_traits<T>;
-  using U = typename tr::bits_type;
-  const U bits = (((U{1} << (tr::width - tr::man)) - 1u) << (tr::man - 1)) |
-                 (negative ? U{1} << (tr::width - 1) : U{0});
-  return bit_cast<T>(bits);
-}
-
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T infinity(bool negative) {
-  using tr = binary_traits<T>;
-  using U = typename tr::bits_type;
-  const U bits = (((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man) |
-                 (negative ? U{1} << (tr::width - 1) : U{0});
-  return bit_cast<T>(bits);
-}
-
-}  // namespace detail
 
 // True when `code` is a NaN of format f.
 LOWBIT_HD LOWBIT_INLINE constexpr bool is_nan_code(const format& f, std::uint32_t code) {
@@ -244,9 +312,36 @@ LOWBIT_HD LOWBIT_INLINE constexpr bool is_inf_code(const format& f, std::uint32_
 
 // The exact value of `code` as T (float or double). Exact for double always; for float when
 // f.fits_float() (a precondition). Bits above f.bits() are ignored.
+namespace detail {
+
+// decode<float> without branches for formats whose values are normal floats or whose subnormal
+// quantum is a normal float: a normal code is the float's bits with the exponent re-biased, a
+// subnormal code an exact integer times 2^(emin - man).
+LOWBIT_HD LOWBIT_INLINE constexpr bool float_decode_short_path(const format& f) {
+  return f.fits_float() && f.emin() >= -126 && f.emin() - f.man_bits >= -126;
+}
+
+LOWBIT_HD LOWBIT_INLINE constexpr float decode_float_short(const format& f, std::uint32_t code) {
+  const std::uint32_t mag = code & f.mag_mask();
+  const std::uint32_t sign = (code & f.sign_mask()) != 0 ? 0x80000000u : 0u;
+  const std::uint32_t normal =
+      (mag << (23 - f.man_bits)) + (static_cast<std::uint32_t>(127 - f.bias) << 23);
+  const float sub = static_cast<float>(mag) * pow2<float>(f.emin() - f.man_bits);
+  const bool is_sub = f.has_zero && (mag >> f.man_bits) == 0;
+  std::uint32_t v = (is_sub ? bit_cast<std::uint32_t>(sub) : normal) | sign;
+  if (is_inf_code(f, code)) v = 0x7F800000u | sign;
+  if (is_nan_code(f, code)) v = 0x7FC00000u | (f.special == specials::fnuz ? 0u : sign);
+  return bit_cast<float>(v);
+}
+
+}  // namespace detail
+
 template <class T = double>
 LOWBIT_HD LOWBIT_INLINE constexpr T decode(const format& f, std::uint32_t code) {
   using tr = detail::binary_traits<T>;
+  if constexpr (sizeof(T) == 4) {
+    if (detail::float_decode_short_path(f)) return detail::decode_float_short(f, code);
+  }
   const bool neg = (code & f.sign_mask()) != 0;
   if (is_nan_code(f, code)) return detail::quiet_nan<T>(f.special != specials::fnuz && neg);
   if (is_inf_code(f, code)) return detail::infinity<T>(neg);
