@@ -144,49 +144,51 @@ emu::format near_format(const kernels::target& t) { return t.is_int ? emu::e4m3f
 
 // ---- cast / decode -----------------------------------------------------------------------------
 
-RC_GTEST_PROP(gpu_vs_cpu, cast_and_decode, ()) {
-  if (!kernels::cuda_available()) RC_DISCARD("no CUDA device");
-  std::vector<emu::format> formats;
-  for (const auto& f : emu::named_formats) formats.push_back(f.fmt);
-  formats.push_back(emu::format{5, 3, 10, emu::specials::ieee});
-  formats.push_back(emu::format{4, 4, 7, emu::specials::fn, false});
-  const emu::format fmt = *rc::gen::elementOf(formats);
-  const emu::policy pol = *any_policy();
-  const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16, dtype::float64);
-  const shape2 s = *any_shape();
-  const auto values = awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
-                                     *rc::gen::arbitrary<std::uint64_t>(),
-                                     fmt.bits() <= 16 && fmt.fits_float() ? fmt : emu::e4m3fn);
-  const std::size_t in_size = kernels::dtype_size(in_t);
-  mirrored in(buffer_elems(s) * in_size);
-  if (in_t == dtype::float64) {
-    for (std::int64_t r = 0; r < s.rows; ++r)
-      for (std::int64_t c = 0; c < s.cols; ++c) {
-        const double x = values[static_cast<std::size_t>(r * s.cols + c)];
-        std::memcpy(in.host.data() + (s.offset + r * (s.cols + s.pad) + c) * 8, &x, 8);
-      }
-    in.push();
-  } else {
-    store_input(in, in_t, s, values);
-  }
-  const dtype code_t = kernels::code_dtype(fmt);
-  const std::size_t code_size = kernels::dtype_size(code_t);
-  mirrored codes(buffer_elems(s) * code_size);
-  const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange<std::uint64_t>(0, 5)};
-  for (bool gpu : {false, true})
-    kernels::cast(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                  codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt, pol, rng);
-  RC_ASSERT(same_bytes(codes.host, codes.pull(), "cast codes " + emu::format_name(fmt)));
+TEST(gpu_vs_cpu, cast_and_decode) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.cast_and_decode", [] {
+    std::vector<emu::format> formats;
+    for (const auto& f : emu::named_formats) formats.push_back(f.fmt);
+    formats.push_back(emu::format{5, 3, 10, emu::specials::ieee});
+    formats.push_back(emu::format{4, 4, 7, emu::specials::fn, false});
+    const emu::format fmt = *rc::gen::elementOf(formats);
+    const emu::policy pol = *any_policy();
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16, dtype::float64);
+    const shape2 s = *any_shape();
+    const auto values = awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
+                                       *rc::gen::arbitrary<std::uint64_t>(),
+                                       fmt.bits() <= 16 && fmt.fits_float() ? fmt : emu::e4m3fn);
+    const std::size_t in_size = kernels::dtype_size(in_t);
+    mirrored in(buffer_elems(s) * in_size);
+    if (in_t == dtype::float64) {
+      for (std::int64_t r = 0; r < s.rows; ++r)
+        for (std::int64_t c = 0; c < s.cols; ++c) {
+          const double x = values[static_cast<std::size_t>(r * s.cols + c)];
+          std::memcpy(in.host.data() + (s.offset + r * (s.cols + s.pad) + c) * 8, &x, 8);
+        }
+      in.push();
+    } else {
+      store_input(in, in_t, s, values);
+    }
+    const dtype code_t = kernels::code_dtype(fmt);
+    const std::size_t code_size = kernels::dtype_size(code_t);
+    mirrored codes(buffer_elems(s) * code_size);
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange<std::uint64_t>(0, 5)};
+    for (bool gpu : {false, true})
+      kernels::cast(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                    codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt, pol, rng);
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "cast codes " + emu::format_name(fmt)));
 
-  // decode the GPU's codes back on both sides
-  codes.host = codes.pull();
-  codes.push();
-  const dtype out_t = fmt.fits_float() && (*rc::gen::arbitrary<bool>()) ? dtype::float32 : dtype::float64;
-  mirrored out(buffer_elems(s) * kernels::dtype_size(out_t));
-  for (bool gpu : {false, true})
-    kernels::decode(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                    out.view(gpu, out_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt);
-  RC_ASSERT(same_bytes(out.host, out.pull(), "decoded values " + emu::format_name(fmt)));
+    // decode the GPU's codes back on both sides
+    codes.host = codes.pull();
+    codes.push();
+    const dtype out_t = fmt.fits_float() && (*rc::gen::arbitrary<bool>()) ? dtype::float32 : dtype::float64;
+    mirrored out(buffer_elems(s) * kernels::dtype_size(out_t));
+    for (bool gpu : {false, true})
+      kernels::decode(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                      out.view(gpu, out_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt);
+    RC_ASSERT(same_bytes(out.host, out.pull(), "decoded values " + emu::format_name(fmt)));
+  }));
 }
 
 // ---- quantize ----------------------------------------------------------------------------------
@@ -209,134 +211,140 @@ kernels::grouping any_grouping() {
   }
 }
 
-RC_GTEST_PROP(gpu_vs_cpu, quantize_every_grouping, ()) {
-  if (!kernels::cuda_available()) RC_DISCARD("no CUDA device");
-  const kernels::target t = any_target();
-  const kernels::grouping g = any_grouping();
-  const bool transpose = g.k == kernels::grouping::kind::columns && *rc::gen::arbitrary<bool>();
-  const emu::policy pol = *any_policy();
-  kernels::scaling sc;
-  sc.margin = *rc::gen::inRange(-2, 4);
-  sc.pow2 = *rc::gen::arbitrary<bool>();
-  const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
-  const shape2 s = *any_shape();
-  mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
-  store_input(in, in_t, s,
-              awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
-                             *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
-  const dtype code_t = t.code_dtype();
-  // codes: same layout as x, or the N x M transpose with its own padding
-  const std::int64_t crows = transpose ? s.cols : s.rows, ccols = transpose ? s.rows : s.cols;
-  const shape2 cs{crows, ccols, s.pad, s.offset};
-  mirrored codes(buffer_elems(cs) * kernels::dtype_size(code_t));
-  const std::int64_t nscales = g.scale_rows(s.rows) * g.scale_cols(s.cols);
-  mirrored scales(static_cast<std::size_t>(nscales + 1) * 4);
-  const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 7};
-  for (bool gpu : {false, true})
-    kernels::quantize(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                      codes.view(gpu, code_t, crows, ccols, ccols + s.pad, s.offset),
-                      scales.flat(gpu, dtype::float32, nscales), t, g, pol, sc, rng, transpose);
-  RC_ASSERT(same_bytes(codes.host, codes.pull(), "quantize codes"));
-  RC_ASSERT(same_bytes(scales.host, scales.pull(), "quantize scales"));
+TEST(gpu_vs_cpu, quantize_every_grouping) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.quantize_every_grouping", [] {
+    const kernels::target t = any_target();
+    const kernels::grouping g = any_grouping();
+    const bool transpose = g.k == kernels::grouping::kind::columns && *rc::gen::arbitrary<bool>();
+    const emu::policy pol = *any_policy();
+    kernels::scaling sc;
+    sc.margin = *rc::gen::inRange(-2, 4);
+    sc.pow2 = *rc::gen::arbitrary<bool>();
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
+    const shape2 s = *any_shape();
+    mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
+    store_input(in, in_t, s,
+                awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
+                               *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
+    const dtype code_t = t.code_dtype();
+    // codes: same layout as x, or the N x M transpose with its own padding
+    const std::int64_t crows = transpose ? s.cols : s.rows, ccols = transpose ? s.rows : s.cols;
+    const shape2 cs{crows, ccols, s.pad, s.offset};
+    mirrored codes(buffer_elems(cs) * kernels::dtype_size(code_t));
+    const std::int64_t nscales = g.scale_rows(s.rows) * g.scale_cols(s.cols);
+    mirrored scales(static_cast<std::size_t>(nscales + 1) * 4);
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 7};
+    for (bool gpu : {false, true})
+      kernels::quantize(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                        codes.view(gpu, code_t, crows, ccols, ccols + s.pad, s.offset),
+                        scales.flat(gpu, dtype::float32, nscales), t, g, pol, sc, rng, transpose);
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "quantize codes"));
+    RC_ASSERT(same_bytes(scales.host, scales.pull(), "quantize scales"));
 
-  // dequantize what the GPU produced, on both sides; transposed codes are per-row groups of x^T
-  codes.host = codes.pull();
-  codes.push();
-  scales.host = scales.pull();
-  scales.push();
-  const kernels::grouping dg = transpose ? kernels::grouping::per_row() : g;
-  mirrored out(buffer_elems(cs) * 4);
-  for (bool gpu : {false, true})
-    kernels::dequantize(codes.view(gpu, code_t, crows, ccols, ccols + s.pad, s.offset),
-                        scales.flat(gpu, dtype::float32, nscales),
-                        out.view(gpu, dtype::float32, crows, ccols, ccols + s.pad, s.offset), t, dg);
-  RC_ASSERT(same_bytes(out.host, out.pull(), "dequantized values"));
+    // dequantize what the GPU produced, on both sides; transposed codes are per-row groups of x^T
+    codes.host = codes.pull();
+    codes.push();
+    scales.host = scales.pull();
+    scales.push();
+    const kernels::grouping dg = transpose ? kernels::grouping::per_row() : g;
+    mirrored out(buffer_elems(cs) * 4);
+    for (bool gpu : {false, true})
+      kernels::dequantize(codes.view(gpu, code_t, crows, ccols, ccols + s.pad, s.offset),
+                          scales.flat(gpu, dtype::float32, nscales),
+                          out.view(gpu, dtype::float32, crows, ccols, ccols + s.pad, s.offset), t, dg);
+    RC_ASSERT(same_bytes(out.host, out.pull(), "dequantized values"));
+  }));
 }
 
-RC_GTEST_PROP(gpu_vs_cpu, cast_scaled_and_delayed_scaling, ()) {
-  if (!kernels::cuda_available()) RC_DISCARD("no CUDA device");
-  const kernels::target t = any_target();
-  const emu::policy pol = *any_policy();
-  const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
-  const shape2 s = *any_shape();
-  const dtype code_t = t.code_dtype();
-  mirrored codes(buffer_elems(s) * kernels::dtype_size(code_t));
-  const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 1};
+TEST(gpu_vs_cpu, cast_scaled_and_delayed_scaling) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.cast_scaled_and_delayed_scaling", [] {
+    const kernels::target t = any_target();
+    const emu::policy pol = *any_policy();
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
+    const shape2 s = *any_shape();
+    const dtype code_t = t.code_dtype();
+    mirrored codes(buffer_elems(s) * kernels::dtype_size(code_t));
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 1};
 
-  // a given scale, including the awkward ones
-  mirrored scale(4);
-  const float q = *rc::gen::element(1.0f, 0.0f, 3.5f, 1e-30f, 1e30f,
-                                    std::numeric_limits<float>::quiet_NaN(),
-                                    std::numeric_limits<float>::infinity());
-  std::memcpy(scale.host.data(), &q, 4);
-  scale.push();
-  mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
-  store_input(in, in_t, s,
-              awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
-                             *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
-  for (bool gpu : {false, true})
-    kernels::cast_scaled(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                         codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                         scale.flat(gpu, dtype::float32, 1), t, pol, rng);
-  RC_ASSERT(same_bytes(codes.host, codes.pull(), "cast_scaled codes"));
-
-  // three steps of delayed scaling with the same history on both sides
-  const int h = *rc::gen::inRange(1, 17);
-  mirrored hist(static_cast<std::size_t>(h) * 4, 0);
-  mirrored pair(8);
-  const auto reduce = *rc::gen::element(kernels::history_reduce::max,
-                                        kernels::history_reduce::most_recent);
-  for (int step = 0; step < 3; ++step) {
+    // a given scale, including the awkward ones
+    mirrored scale(4);
+    const float q = *rc::gen::element(1.0f, 0.0f, 3.5f, 1e-30f, 1e30f,
+                                      std::numeric_limits<float>::quiet_NaN(),
+                                      std::numeric_limits<float>::infinity());
+    std::memcpy(scale.host.data(), &q, 4);
+    scale.push();
+    mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
     store_input(in, in_t, s,
                 awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
                                *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
     for (bool gpu : {false, true})
-      kernels::quantize_delayed(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                                codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                                pair.flat(gpu, dtype::float32, 2),
-                                hist.flat(gpu, dtype::float32, h), t, reduce, pol, {}, rng);
-    RC_ASSERT(same_bytes(codes.host, codes.pull(), "delayed codes"));
-    RC_ASSERT(same_bytes(pair.host, pair.pull(), "delayed scale pair"));
-    RC_ASSERT(same_bytes(hist.host, hist.pull(), "amax history"));
-  }
+      kernels::cast_scaled(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                           codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                           scale.flat(gpu, dtype::float32, 1), t, pol, rng);
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "cast_scaled codes"));
+
+    // three steps of delayed scaling with the same history on both sides
+    const int h = *rc::gen::inRange(1, 17);
+    mirrored hist(static_cast<std::size_t>(h) * 4, 0);
+    mirrored pair(8);
+    const auto reduce = *rc::gen::element(kernels::history_reduce::max,
+                                          kernels::history_reduce::most_recent);
+    for (int step = 0; step < 3; ++step) {
+      store_input(in, in_t, s,
+                  awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
+                                 *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
+      for (bool gpu : {false, true})
+        kernels::quantize_delayed(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                                  codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                                  pair.flat(gpu, dtype::float32, 2),
+                                  hist.flat(gpu, dtype::float32, h), t, reduce, pol, {}, rng);
+      RC_ASSERT(same_bytes(codes.host, codes.pull(), "delayed codes"));
+      RC_ASSERT(same_bytes(pair.host, pair.pull(), "delayed scale pair"));
+      RC_ASSERT(same_bytes(hist.host, hist.pull(), "amax history"));
+    }
+  }));
 }
 
-RC_GTEST_PROP(gpu_vs_cpu, mx_quantize_and_dequantize, ()) {
-  if (!kernels::cuda_available()) RC_DISCARD("no CUDA device");
-  const kernels::target t = *rc::gen::element(
-      kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
-      kernels::target::of(emu::e3m2fn), kernels::target::of(emu::e2m3fn),
-      kernels::target::of(emu::e2m1fn), kernels::target::of(emu::int8));
-  const std::int64_t block = *rc::gen::element<std::int64_t>(32, 32, 16, 64, 7, 256, 300);
-  emu::policy pol = *any_policy();
-  const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
-  const shape2 s = *any_shape();
-  mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
-  store_input(in, in_t, s,
-              awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
-                             *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
-  const dtype code_t = t.code_dtype();
-  mirrored codes(buffer_elems(s) * kernels::dtype_size(code_t));
-  const std::int64_t nscales = s.rows * ((s.cols + block - 1) / block);
-  mirrored scales(static_cast<std::size_t>(nscales + 4));
-  const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 3};
-  for (bool gpu : {false, true})
-    kernels::quantize_mx(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                         codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                         scales.flat(gpu, dtype::uint8, nscales), t, pol, block, rng);
-  RC_ASSERT(same_bytes(codes.host, codes.pull(), "mx codes"));
-  RC_ASSERT(same_bytes(scales.host, scales.pull(), "mx scales"));
-  codes.host = codes.pull();
-  codes.push();
-  scales.host = scales.pull();
-  scales.push();
-  mirrored out(buffer_elems(s) * 4);
-  for (bool gpu : {false, true})
-    kernels::dequantize_mx(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                           scales.flat(gpu, dtype::uint8, nscales),
-                           out.view(gpu, dtype::float32, s.rows, s.cols, s.cols + s.pad, s.offset),
-                           t, block);
-  RC_ASSERT(same_bytes(out.host, out.pull(), "mx dequantized values"));
+TEST(gpu_vs_cpu, mx_quantize_and_dequantize) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.mx_quantize_and_dequantize", [] {
+    const kernels::target t = *rc::gen::element(
+        kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
+        kernels::target::of(emu::e3m2fn), kernels::target::of(emu::e2m3fn),
+        kernels::target::of(emu::e2m1fn), kernels::target::of(emu::int8));
+    const std::int64_t block = *rc::gen::element<std::int64_t>(32, 32, 16, 64, 7, 256, 300);
+    emu::policy pol = *any_policy();
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
+    const shape2 s = *any_shape();
+    mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
+    store_input(in, in_t, s,
+                awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
+                               *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
+    const dtype code_t = t.code_dtype();
+    mirrored codes(buffer_elems(s) * kernels::dtype_size(code_t));
+    const std::int64_t nscales = s.rows * ((s.cols + block - 1) / block);
+    mirrored scales(static_cast<std::size_t>(nscales + 4));
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 3};
+    for (bool gpu : {false, true})
+      kernels::quantize_mx(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                           codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                           scales.flat(gpu, dtype::uint8, nscales), t, pol, block, rng);
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "mx codes"));
+    RC_ASSERT(same_bytes(scales.host, scales.pull(), "mx scales"));
+    codes.host = codes.pull();
+    codes.push();
+    scales.host = scales.pull();
+    scales.push();
+    mirrored out(buffer_elems(s) * 4);
+    for (bool gpu : {false, true})
+      kernels::dequantize_mx(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                             scales.flat(gpu, dtype::uint8, nscales),
+                             out.view(gpu, dtype::float32, s.rows, s.cols, s.cols + s.pad, s.offset),
+                             t, block);
+    RC_ASSERT(same_bytes(out.host, out.pull(), "mx dequantized values"));
+  }));
 }
 
 // Running a kernel twice gives the same bits (atomics here are maxima, which commute exactly).
