@@ -1,8 +1,9 @@
 // Element-wise CUDA kernels shared by the techniques: a flat map over contiguous memory with
-// 16-byte vector loads, and a 2-D map over (strided) matrices, both grid-stride loops with 64-bit
-// indices. Ops are function objects: `Out operator()(In x, int64 row, int64 col, uint32 rbits)`;
-// the random bits of element i (the row-major logical index) come from random_stream::bits(i),
-// drawn one Philox evaluation per four elements, when `stochastic` (a uniform branch) is set.
+// coalesced 16-byte vector accesses, and a 2-D map over (strided) matrices, both grid-stride loops
+// with 64-bit indices. Ops are function objects:
+// `Out operator()(In x, int64 row, int64 col, uint32 rbits)`; the random bits of element i (the
+// row-major logical index) come from random_stream::bits(i), drawn one Philox evaluation per four
+// elements, when `stochastic` (a uniform branch) is set.
 #pragma once
 
 #include <cstdint>
@@ -24,53 +25,73 @@ __device__ __forceinline__ Op prepared(const Op& op) {
     return op;
 }
 
-template <class T>
-struct vec_width {
-  // Elements per thread and iteration: 16 bytes of the wider of input and output.
-  static constexpr int value = 16 / sizeof(T) < 4 ? 4 : 16 / sizeof(T);
+// The flat map's access pattern: each thread moves chunks of C elements (a 16-byte access on the
+// narrower side, C consecutive elements on the wider one; at least 4 elements) and U chunks per tile, the u-th chunk of
+// thread t at tile offset (u * map_threads + t) * C. Every warp-wide load and store then covers one
+// contiguous span (no 16-byte pieces strided across a 2 KiB window, which costs L1 wavefronts),
+// and the U independent loads in flight per thread hide DRAM latency.
+template <class In, class Out>
+struct flat_shape {
+  static constexpr int in_w = 16 / static_cast<int>(sizeof(In));
+  static constexpr int out_w = 16 / static_cast<int>(sizeof(Out));
+  static constexpr int narrow = in_w < out_w ? in_w : out_w;
+  static constexpr int C = narrow < 4 ? 4 : narrow;  // doubles: two 16-byte accesses per chunk
+  static constexpr int ratio = (in_w > out_w ? in_w : out_w) / C;
+  static constexpr int U = ratio < 2 ? 2 : ratio;
+  static_assert(C % 4 == 0, "chunks hold whole Philox blocks (four elements)");
 };
 
 // Flat map over n contiguous elements; `cols` only turns the flat index into (row, col) when the
-// op asks for it (Op::needs_position), which costs a division per vector.
-template <int V, class In, class Out, class Op>
+// op asks for it (Op::needs_position), which costs a division per chunk.
+template <int C, int U, class In, class Out, class Op>
 __global__ void __launch_bounds__(map_threads)
     map_flat_kernel(const In* __restrict__ in, Out* __restrict__ out, std::int64_t n,
                     std::int64_t cols, Op op_in, bool stochastic, emu::random_stream rng) {
   const Op op = prepared(op_in);
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * V;
-  std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  for (; i + V <= n; i += stride) {
-    const vec<In, V> x = *reinterpret_cast<const vec<In, V>*>(in + i);
-    vec<Out, V> y;
-    std::uint32_t r[V] = {};
-    if (stochastic) {
+  constexpr std::int64_t per_tile = static_cast<std::int64_t>(map_threads) * C * U;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * per_tile;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * per_tile; base < n;
+       base += step) {
+    if (base + per_tile <= n) {
+      vec<In, C> x[U];
 #pragma unroll
-      for (int j = 0; j < V; j += 4) {
-        const emu::philox_block b = rng.block(static_cast<std::uint64_t>(i + j) >> 2);
+      for (int u = 0; u < U; ++u)
+        x[u] = *reinterpret_cast<const vec<In, C>*>(in + base +
+                                                    (u * map_threads + threadIdx.x) * C);
 #pragma unroll
-        for (int k = 0; k < 4 && j + k < V; ++k) r[j + k] = b.v[k];
-      }
-    }
-    std::int64_t rr = Op::needs_position ? i / cols : 0;  // one division per vector
-    std::int64_t cc = Op::needs_position ? i - rr * cols : 0;
+      for (int u = 0; u < U; ++u) {
+        const std::int64_t i = base + (u * map_threads + threadIdx.x) * C;  // a multiple of 4
+        std::uint32_t r[C] = {};
+        if (stochastic) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      y.v[j] = op(x.v[j], rr, cc, r[j]);
-      if constexpr (Op::needs_position) {
-        if (++cc == cols) {  // a vector may straddle rows
-          cc = 0;
-          ++rr;
+          for (int h = 0; h < C; h += 4) {
+            const emu::philox_block b = rng.block(static_cast<std::uint64_t>(i + h) >> 2);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r[h + k] = b.v[k];
+          }
         }
+        std::int64_t rr = Op::needs_position ? i / cols : 0;
+        std::int64_t cc = Op::needs_position ? i - rr * cols : 0;
+        vec<Out, C> y;
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          y.v[j] = op(x[u].v[j], rr, cc, r[j]);
+          if constexpr (Op::needs_position) {
+            if (++cc == cols) {  // a chunk may straddle rows
+              cc = 0;
+              ++rr;
+            }
+          }
+        }
+        *reinterpret_cast<vec<Out, C>*>(out + i) = y;
       }
-    }
-    *reinterpret_cast<vec<Out, V>*>(out + i) = y;
-  }
-  // Tail (n not a multiple of V): the one thread whose vector would run past the end.
-  if (i < n) {
-    for (; i < n; ++i) {
-      const std::uint32_t rb = stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
-      const std::int64_t rr = Op::needs_position ? i / cols : 0;
-      out[i] = op(in[i], rr, Op::needs_position ? i - rr * cols : 0, rb);
+    } else {
+      // The last, partial tile: element by element (coalesced), the same bits per element.
+      for (std::int64_t i = base + threadIdx.x; i < n; i += map_threads) {
+        const std::uint32_t rb = stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
+        const std::int64_t rr = Op::needs_position ? i / cols : 0;
+        out[i] = op(in[i], rr, Op::needs_position ? i - rr * cols : 0, rb);
+      }
     }
   }
 }
@@ -102,11 +123,13 @@ void launch_map(const In* in, std::int64_t in_rs, Out* out, std::int64_t out_rs,
                 const emu::random_stream& rng, cudaStream_t stream) {
   const std::int64_t n = rows * cols;
   if (n == 0) return;
-  constexpr int v_in = vec_width<In>::value, v_out = vec_width<Out>::value;
-  constexpr int V = v_in > v_out ? v_in : v_out;
+  using shape = flat_shape<In, Out>;
+  constexpr int C = shape::C, U = shape::U;
   const bool flat = (rows == 1 || (in_rs == cols && out_rs == cols));
-  if (flat && aligned_to<In>(in, sizeof(In) * V) && aligned_to<Out>(out, sizeof(Out) * V)) {
-    map_flat_kernel<V><<<grid_for(n / V + 1, map_threads), map_threads, 0, stream>>>(
+  if (flat && aligned_to<In>(in, sizeof(In) * C) && aligned_to<Out>(out, sizeof(Out) * C)) {
+    constexpr std::int64_t per_tile = std::int64_t{map_threads} * C * U;
+    const std::int64_t tiles = (n + per_tile - 1) / per_tile;
+    map_flat_kernel<C, U><<<grid_for(tiles * map_threads, map_threads), map_threads, 0, stream>>>(
         in, out, n, cols, op, stochastic, rng);
     check_launch("map_flat_kernel");
     return;

@@ -59,6 +59,7 @@ struct runtime_policy {
 template <emu::rounding R>
 struct fixed_rounding {
   static constexpr bool fixed = true;
+  static constexpr emu::rounding mode = R;
   emu::policy p;
   LOWBIT_HD constexpr emu::policy get() const {
     return emu::policy{R, p.over, p.sub, p.nan, p.random_bits};

@@ -77,22 +77,37 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
 // "a NaN input keeps its sign, any other NaN result is positive".
 // A finite x whose product overflows float is a finite overflow, not an infinite input: it is
 // taken as +-FLT_MAX, which every target overflows from in the same direction as from the exact
-// product (so toward-zero roundings still give +-max, as for the exact value).
+// product (so toward-zero roundings still give +-max, as for the exact value). Nearest roundings
+// and integer targets treat +-Inf and +-FLT_MAX alike, so they skip that step (FixOverflow false).
+template <bool FixOverflow = true>
 LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
   const float y = x * q;
   if (y != y) return x != x ? x : bit_cast<float>(0x7FC00000u);
-  const std::uint32_t yb = bit_cast<std::uint32_t>(y);
-  if ((yb & 0x7FFFFFFFu) == 0x7F800000u && (bit_cast<std::uint32_t>(x) & 0x7F800000u) != 0x7F800000u)
-    return bit_cast<float>((yb & 0x80000000u) | 0x7F7FFFFFu);
+  if constexpr (FixOverflow) {
+    const std::uint32_t yb = bit_cast<std::uint32_t>(y);
+    if ((yb & 0x7FFFFFFFu) == 0x7F800000u &&
+        (bit_cast<std::uint32_t>(x) & 0x7F800000u) != 0x7F800000u)
+      return bit_cast<float>((yb & 0x80000000u) | 0x7F7FFFFFu);
+  }
   return y;
 }
+
+// Whether a (format, policy) pair needs scaled()'s finite-overflow step.
+template <class FormatTag, class PolicyTag>
+inline constexpr bool needs_overflow_fix = [] {
+  if constexpr (detail::is_fixed_int<FormatTag>) return false;
+  else if constexpr (PolicyTag::fixed)
+    return PolicyTag::mode != emu::rounding::nearest_even &&
+           PolicyTag::mode != emu::rounding::nearest_away;
+  else return true;
+}();
 
 // One element: encode(x * q) as the target's code (integers in two's complement, low bits).
 template <class FormatTag, class PolicyTag>
 LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft,
                                                        PolicyTag pt, float x, float q,
                                                        std::uint32_t rbits) {
-  const float y = scaled(x, q);
+  const float y = scaled<needs_overflow_fix<FormatTag, PolicyTag>>(x, q);
   if constexpr (detail::is_fixed_int<FormatTag>) {
     if constexpr (PolicyTag::fixed)
       return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), y, pt.get(), rbits)) & 0xFFu;

@@ -177,32 +177,60 @@ LOWBIT_HD LOWBIT_INLINE constexpr bool rne_short_path(const format& f) {
          f.has_zero && f.emin() - f.man_bits >= -125;
 }
 
-// float -> f, nearest-even, in about fifteen operations: on the normal grid, round the float's own
-// bits at the target's last mantissa place (the carry runs into the exponent by itself) and
+// The result of a special case as (code for +, sign bits to add for -): every special result is
+// its positive code plus, for a negative input, the sign bit or nothing. Depends on the format and
+// the policy only, so kernels compute it once, outside their loops.
+struct signed_result {
+  std::uint32_t base;
+  std::uint32_t sign;
+  template <class Fn>
+  LOWBIT_HD LOWBIT_INLINE static constexpr signed_result of(Fn code) {
+    const std::uint32_t pos = code(false);
+    return {pos, code(true) ^ pos};
+  }
+};
+
+// float -> f, nearest-even, in about eighteen operations: on the normal grid, round the float's
+// own bits at the target's last mantissa place (the carry runs into the exponent by itself) and
 // re-bias the exponent; below it, one float addition of 2^(emin - man + 23) lines the target's
 // subnormal quantum up with the float's last place, and the FPU's nearest-even rounding does the
-// rest. Special values are patched in as in the general path.
+// rest. Flushing subnormals is the same addition with 2^(emin + 24), whose half-ulp 2^emin
+// exceeds every value below the normal range, so they all round to zero (tininess before
+// rounding). Overflow (Inf included) and NaN select precomputed results; the sign is one mask.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float(const format& f, float x,
                                                                  const policy& p) {
   const auto b = bit_cast<std::uint32_t>(x);
-  const bool neg = (b >> 31) != 0;
   const std::uint32_t a = b & 0x7FFFFFFFu;
   const int s = 23 - f.man_bits;
-  const std::uint32_t lsb = (a >> s) & 1u;
-  const std::uint32_t normal =
-      ((a + ((1u << (s - 1)) - 1u) + lsb) >> s) - (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);
-  const float magic = pow2<float>(f.emin() - f.man_bits + 23);
+  const std::uint32_t normal = ((a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s) -
+                               (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);
+  const float magic = p.sub == subnormals::flush ? pow2<float>(f.emin() + 24)
+                                                 : pow2<float>(f.emin() - f.man_bits + 23);
   const std::uint32_t sub =
       bit_cast<std::uint32_t>(bit_cast<float>(a) + magic) - bit_cast<std::uint32_t>(magic);
   const bool below_normal = a < (static_cast<std::uint32_t>(f.emin() + 127) << 23);
   const std::uint32_t code = below_normal ? sub : normal;
-  std::uint32_t r = code | sign_code(f, neg);
-  if (!f.has_negative_zero() && code == 0) r = 0u;
-  if (below_normal && p.sub == subnormals::flush) r = zero_code(f, neg, p);
-  if (!below_normal && code > f.max_code()) r = overflow_code(f, neg, p);  // Inf included
-  if (neg && a != 0 && !f.is_signed) r = negative_unsigned_code(f, p);
-  if (a > 0x7F800000u) r = nan_code(f, neg, p);
-  return r;
+  std::uint32_t base = code;
+  std::uint32_t sign = f.is_signed ? f.sign_mask() : 0u;
+  if (!f.has_negative_zero() && code == 0) sign = 0u;
+  if (!below_normal && code > f.max_code()) {  // Inf included
+    const auto r = signed_result::of([&](bool n) { return overflow_code(f, n, p); });
+    base = r.base;
+    sign = r.sign;
+  }
+  if (!f.is_signed && (b >> 31) != 0 && a != 0) {
+    base = negative_unsigned_code(f, p);
+    sign = 0u;
+  }
+  if (a > 0x7F800000u) {
+    const auto r = signed_result::of([&](bool n) { return nan_code(f, n, p); });
+    base = r.base;
+    sign = r.sign;
+  }
+  // The input's sign bit moved onto the format's sign position, kept where `sign` allows.
+  const std::uint32_t sbit =
+      f.is_signed ? (b >> 31) << (f.exp_bits + f.man_bits) : 0u;
+  return base | (sbit & sign);
 }
 
 // Formats that are float with fewer mantissa bits (bfloat16, TensorFloat-32): the same exponent
