@@ -1,0 +1,270 @@
+"""lowbit.verify: compare a candidate array against a reference under a policy.
+
+>>> import numpy as np, lowbit
+>>> report = lowbit.verify(np.float32([1, 2]), np.float32([1, 2.0000002]), "ulp:1")
+>>> report.ok, report.max_ulp_error
+(True, 1.0)
+
+The comparison is the C++ ``lowbit::verify::compare`` (one implementation for C++, Python and
+the ``lowbit verify`` command); this module turns inputs into host arrays, evaluates Python
+bound functions into arrays of allowed errors, and wraps the C++ report. docs/verification.md
+defines every policy and every field of the report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from lowbit import _core
+from lowbit._core import Format
+
+FormatLike = Union[str, Format]
+# A policy string ("exact", "exact:strict", "ulp:1", "ulp:2@e4m3fn", "atol:1e-3,rtol:1e-2") or a
+# bound function: fn(reference) or fn(reference, inputs) -> allowed absolute errors.
+PolicyLike = Union[str, Callable[..., Any]]
+
+# DLPack device types that are host memory (kDLCPU, kDLCUDAHost, kDLCUDAManaged).
+_HOST_DEVICES = {1, 3, 13}
+
+
+def _host_array(value: Any, name: str) -> np.ndarray:
+    dlpack_device = getattr(value, "__dlpack_device__", None)
+    if dlpack_device is not None and not isinstance(value, np.ndarray):
+        try:
+            device_type = int(dlpack_device()[0])
+        except Exception:  # noqa: BLE001 - a broken protocol falls through to numpy's message
+            device_type = 1
+        if device_type not in _HOST_DEVICES:
+            raise ValueError(
+                f"{name} is in device memory (DLPack device type {device_type}); lowbit.verify "
+                "compares host memory: pass x.cpu() (PyTorch) or cupy.asnumpy(x)"
+            )
+    if isinstance(value, np.ndarray):
+        return value
+    detach = getattr(value, "detach", None)  # a PyTorch tensor that requires grad
+    if callable(detach):
+        value = detach()
+    return np.asarray(value)
+
+
+def _ml_dtypes_codes(a: np.ndarray, fmt: Optional[FormatLike], name: str,
+                     arg: str) -> tuple[np.ndarray, Optional[FormatLike]]:
+    """ml_dtypes' 8-bit and narrower types (float8_e4m3fn, float4_e2m1fn, ...) hold one code of a
+    lowbit format per byte: they become those codes, and the format they imply."""
+    # By name: ml_dtypes gives some of these types numpy kind "V", others "f".
+    if a.dtype.itemsize != 1 or not a.dtype.name.startswith(("float8_", "float6_", "float4_")):
+        return a, fmt
+    implied = _core.parse_format(a.dtype.name.split("_", 1)[1])
+    if fmt is not None and _core.parse_format(fmt) != implied:
+        raise ValueError(f"{name}: dtype {a.dtype.name} holds {implied.name} codes, but the "
+                         f"{arg} is {_core.parse_format(fmt).name}")
+    return a.view(np.uint8), implied
+
+
+def _values(a: np.ndarray, fmt: Optional[FormatLike], name: str) -> np.ndarray:
+    """Exact float64 values of an array, for a bound function."""
+    if a.dtype.kind == "u":
+        if fmt is None:
+            raise ValueError(
+                f"{name}: dtype {a.dtype} holds codes of a number format; name the format "
+                "(format=...)"
+            )
+        from lowbit._api import decode
+
+        return decode(a, fmt, dtype="float64")
+    return a.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of :attr:`Report.worst`: where, the values and bit patterns, the errors."""
+
+    index: tuple[int, ...]
+    flat_index: int
+    input: Optional[float]
+    input_hex: Optional[str]
+    candidate: float
+    candidate_hex: str
+    reference: float
+    reference_hex: str
+    abs_error: float
+    rel_error: float
+    ulp_error: float
+    allowed: float
+    failed: bool
+    nan_mismatch: bool
+
+    @property
+    def expected(self) -> float:
+        """The reference value (the value the candidate should have had)."""
+        return self.reference
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Histogram bucket: ulp distances d with lo < d <= hi (the first bucket is d == 0)."""
+
+    label: str
+    lo: float
+    hi: float
+    count: int
+
+
+_ELEMENT_FIELDS = [f for f in Element.__dataclass_fields__]
+# Fields of to_json() that hold numbers: JSON has no Inf/NaN, so they travel as strings.
+_FLOAT_KEYS = {"max_abs_error", "max_rel_error", "max_ulp_error", "input", "candidate",
+               "reference", "abs_error", "rel_error", "ulp_error", "allowed", "lo", "hi"}
+
+
+def _floats(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: (float(v) if k in _FLOAT_KEYS and v is not None else _floats(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_floats(v) for v in obj]
+    return obj
+
+
+class Report:
+    """The result of :func:`verify`; true when the candidate passed.
+
+    Counts: ``total = checked + nan_matches + nan_mismatches``; ``failed`` counts every element
+    the policy rejects (NaN mismatches included). ``max_abs_error``, ``max_rel_error`` and
+    ``max_ulp_error`` are over the checked elements (no NaN on either side); ulp distances are
+    counted on ``grid``. ``worst`` lists up to ``worst`` elements, failing ones first;
+    ``histogram`` the non-empty buckets of ulp distances, whose counts sum to ``checked``.
+    ``str(report)`` is the readable form, :meth:`to_json` the machine-readable one.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.worst = [Element(**{f: getattr(e, f) for f in _ELEMENT_FIELDS}) for e in core.worst]
+        self.histogram = [Bucket(b.label, b.lo, b.hi, b.count) for b in core.histogram]
+
+    ok = property(lambda self: bool(self._core.ok), doc="True when no element failed.")
+    policy = property(lambda self: self._core.policy, doc="The policy, as canonical text.")
+    grid = property(lambda self: self._core.grid, doc="Where ulp distances are counted.")
+    candidate_dtype = property(lambda self: self._core.candidate_dtype)
+    reference_dtype = property(lambda self: self._core.reference_dtype)
+    input_dtype = property(lambda self: self._core.input_dtype)
+    shape = property(lambda self: self._core.shape)
+    total = property(lambda self: self._core.total)
+    checked = property(lambda self: self._core.checked)
+    nan_matches = property(lambda self: self._core.nan_matches)
+    nan_mismatches = property(lambda self: self._core.nan_mismatches)
+    failed = property(lambda self: self._core.failed)
+    max_abs_error = property(lambda self: self._core.max_abs_error)
+    max_rel_error = property(lambda self: self._core.max_rel_error)
+    max_ulp_error = property(lambda self: self._core.max_ulp_error)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        return self._core.to_string().rstrip("\n")
+
+    def __repr__(self) -> str:
+        state = "passed" if self.ok else f"FAILED {self.failed}/{self.total}"
+        return f"<lowbit.verify.Report {state} policy={self.policy!r} grid={self.grid!r}>"
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """The report as JSON (non-finite numbers are the strings "inf", "-inf", "nan")."""
+        text = self._core.to_json()
+        if indent is None:
+            return text
+        return json.dumps(json.loads(text), indent=indent)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report as Python objects, with non-finite numbers back as floats."""
+        return _floats(json.loads(self._core.to_json()))
+
+
+def verify(
+    candidate: Any,
+    reference: Any,
+    policy: PolicyLike = "exact",
+    *,
+    format: Optional[FormatLike] = None,  # noqa: A002 - the word users know from the CLI
+    inputs: Any = None,
+    input_format: Optional[FormatLike] = None,
+    worst: int = 10,
+) -> Report:
+    """Compares ``candidate`` against ``reference`` (same shape) under ``policy``.
+
+    policy:
+        ``"exact"`` (same bits; any NaN matches any NaN), ``"exact:strict"`` (NaNs too),
+        ``"ulp:N"`` (at most N steps of the grid of ``format``, or of the candidate's dtype),
+        ``"atol:X"``, ``"rtol:Y"``, ``"atol:X,rtol:Y"`` (``|c - r| <= atol + rtol*|r|``), each
+        optionally followed by ``@<format>``; or a bound function called as
+        ``fn(reference_values)`` or, with ``inputs``, ``fn(reference_values, input_values)``
+        (float64 arrays of the exact values) that returns the allowed absolute error per
+        element (an array that broadcasts to the shape, or a scalar).
+    format:
+        The format of code arrays (uint8/uint16/uint32) and of the ulp grid. Arrays of
+        ml_dtypes' float8/float6/float4 types are codes of the format their dtype names.
+    inputs:
+        The inputs the candidate was computed from; shown beside the worst elements.
+    input_format:
+        The format of code inputs (otherwise they show as plain integers).
+    worst:
+        How many elements :attr:`Report.worst` keeps.
+
+    Raises TypeError/ValueError for arrays or policies that cannot be compared; a difference is
+    never an exception (see :func:`assert_verified`).
+    """
+    c = _host_array(candidate, "candidate")
+    r = _host_array(reference, "reference")
+    x = None if inputs is None else _host_array(inputs, "inputs")
+    c, format = _ml_dtypes_codes(c, format, "candidate", "format")
+    r, format = _ml_dtypes_codes(r, format, "reference", "format")
+    if x is not None:
+        x, input_format = _ml_dtypes_codes(x, input_format, "inputs", "input_format")
+    if isinstance(worst, bool) or not isinstance(worst, (int, np.integer)):
+        raise TypeError(f"worst: expected an integer, got {type(worst).__name__}")
+    if isinstance(policy, str):
+        return Report(_core.verify(c, r, policy, format, x, input_format, int(worst), None, ""))
+    if not callable(policy):
+        raise TypeError(
+            "policy: expected a string such as 'exact', 'ulp:1' or 'atol:1e-3,rtol:1e-2', or a "
+            f"bound function, got {type(policy).__name__}"
+        )
+    if c.shape != r.shape:
+        # The C++ says the same for strings; a bound function would otherwise see the wrong shape.
+        raise ValueError(f"candidate has shape {c.shape} but reference has shape {r.shape}; "
+                         "they must match")
+    ref_values = _values(r, format, "reference")
+    if x is None:
+        allowed = policy(ref_values)
+    elif x.dtype.kind == "u" and input_format is not None:
+        allowed = policy(ref_values, _values(x, input_format, "inputs"))
+    else:  # code inputs without a format are plain integers, as in the report
+        allowed = policy(ref_values, x.astype(np.float64))
+    try:
+        allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), r.shape)
+    except ValueError:
+        raise ValueError(
+            f"bound: the function returned shape {np.shape(allowed)}, which does not broadcast "
+            f"to the arrays' shape {r.shape}"
+        ) from None
+    name = getattr(policy, "__name__", type(policy).__name__)
+    return Report(_core.verify(c, r, None, format, x, input_format, int(worst),
+                               np.ascontiguousarray(allowed), name))
+
+
+def assert_verified(candidate: Any, reference: Any, policy: PolicyLike = "exact",
+                    **kwargs: Any) -> Report:
+    """:func:`verify`, raising AssertionError with the readable report when it fails.
+
+    For pytest: ``lowbit.assert_verified(out, expected, "ulp:1", format="e4m3fn")``. Returns
+    the report when it passes.
+    """
+    __tracebackhide__ = True  # pytest shows the caller's line
+    report = verify(candidate, reference, policy, **kwargs)
+    if not report.ok:
+        raise AssertionError("\n" + str(report))
+    return report
