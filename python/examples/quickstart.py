@@ -1,6 +1,5 @@
 """lowbit in ten lines: round float32 values to fp8 (OCP E4M3), look at the codes, decode them."""
 import numpy as np
-
 import lowbit
 
 x = np.array([0.1, 1.0, 3.14159, 300.0, 1000.0], dtype=np.float32)

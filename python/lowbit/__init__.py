@@ -7,23 +7,50 @@ array([ 56, 126], dtype=uint8)
 Formats are named ("e4m3fn", "e5m2", "e8m0fnu", ...; see ``lowbit.formats()`` and
 docs/formats.md) or user-defined with :class:`Format`. Casts return codes (uint8, uint16 or
 uint32); :func:`decode` turns codes back into exact float32/float64 values. The rounding rules
-are in docs/rounding.md.
+are in docs/rounding.md. :func:`quantize`, :func:`quantize_delayed` and :func:`quantize_mx`
+scale before they round (docs/techniques/quantization.md).
+
+Arrays are numpy arrays or DLPack producers (PyTorch CPU/CUDA tensors, CuPy, JAX), read without
+copies; results come back in the caller's array type, CUDA work runs on the caller's current
+stream (docs/python.md).
 """
 
 from lowbit._api import FormatInfo, cast, decode, format_info, formats, parse_format, roundings
 from lowbit._core import Format
+from lowbit._quantize import (
+    Granularity,
+    cast_scaled,
+    dequantize,
+    dequantize_mx,
+    quantize,
+    quantize_delayed,
+    quantize_mx,
+    target_info,
+)
+from lowbit._verify import Report, assert_verified, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Format",
     "FormatInfo",
+    "Granularity",
+    "Report",
+    "assert_verified",
     "cast",
+    "cast_scaled",
     "decode",
+    "dequantize",
+    "dequantize_mx",
     "format_info",
     "formats",
     "parse_format",
+    "quantize",
+    "quantize_delayed",
+    "quantize_mx",
     "roundings",
+    "target_info",
+    "verify",
     "__version__",
 ]
 

@@ -1,9 +1,10 @@
-"""Formats, casts and decodes: the numpy-facing API over lowbit._core.
+"""Formats, casts and decodes: the array-facing API over lowbit._core.
 
 The compiled module checks every argument and raises TypeError (wrong dtype or type),
 ValueError (a value outside its domain: unknown name, bad stride, random_bits out of range) or
-RuntimeError (not available in this build). This layer only turns non-array inputs into arrays
-and gives the functions their documented signatures.
+RuntimeError (not available in this build). This layer turns non-array inputs into arrays,
+checks the types of scalar arguments, allocates results in the caller's array library
+(lowbit._interop) and gives the functions their documented signatures.
 """
 
 from __future__ import annotations
@@ -14,20 +15,12 @@ from typing import Any, Union
 
 import numpy as np
 
-from lowbit import _core
+from lowbit import _core, _interop
 from lowbit._core import Format
 
 FormatLike = Union[str, Format]
 
 _UINT64_LIMIT = 1 << 64
-
-
-def _as_array(value: Any, dtype: Any = None) -> np.ndarray:
-    # Arrays pass through untouched (the C++ takes their strides, no copy); lists and Python
-    # scalars become arrays, so that float inputs work and int inputs reach the dtype check.
-    if isinstance(value, np.ndarray) and dtype is None:
-        return value
-    return np.asarray(value, dtype=dtype)
 
 
 def _integer(name: str, value: Any) -> int:
@@ -46,7 +39,7 @@ def _uint64(name: str, value: Any) -> int:
 
 def _threads(value: Any) -> int:
     value = _integer("threads", value)
-    if value < 0:
+    if not 0 <= value < 2**31:
         raise ValueError(f"threads: expected 0 (all cores) or a positive count, got {value}")
     return value
 
@@ -59,6 +52,48 @@ def _random_bits(value: Any) -> int | None:
     if not 1 <= value <= 32:
         raise ValueError(f"random_bits: stochastic rounding takes 1..32 random bits, got {value}")
     return value
+
+
+def _name(arg: str, value: Any) -> str:
+    # Names (rounding modes, granularities, ...) are checked against their lists in the C++.
+    if not isinstance(value, str):
+        raise TypeError(f"{arg}: expected a name (str), got {type(value).__name__}")
+    return value
+
+
+def _flag(arg: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg}: expected True or False, got {type(value).__name__}")
+    return bool(value)
+
+
+def _dtype_name(value: Any) -> str:
+    """The name of a dtype given as a str, a numpy dtype (or type) or a torch dtype."""
+    if isinstance(value, str):
+        return value
+    if _interop.is_torch_dtype(value):
+        return str(value).removeprefix("torch.")
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        raise TypeError(f"dtype: expected a dtype name, numpy dtype or torch dtype, got "
+                        f"{type(value).__name__}") from None
+
+
+def _rounding(
+    rounding: Any, saturate: Any, subnormals: Any, nan_sign: Any, random_bits: Any, seed: Any,
+    offset: Any,
+) -> _core._Rounding:
+    """The rounding arguments of a converting call, with their types checked."""
+    return _core._Rounding(
+        rounding=_name("rounding", rounding),
+        saturate=_flag("saturate", saturate),
+        subnormals=_name("subnormals", subnormals),
+        nan_sign=_name("nan_sign", nan_sign),
+        random_bits=_random_bits(random_bits),
+        seed=_uint64("seed", seed),
+        offset=_uint64("offset", offset),
+    )
 
 
 def parse_format(fmt: FormatLike) -> Format:
@@ -90,12 +125,13 @@ def cast(
     seed: int = 0,
     offset: int = 0,
     threads: int = 0,
-) -> np.ndarray:
+) -> Any:
     """Round every element of ``x`` to format ``fmt``; returns the codes, shaped like ``x``.
 
-    x: a numpy array of float32, float64, float16 or ml_dtypes.bfloat16 (any strides; lists and
-        Python floats are converted with ``np.asarray``). float64 inputs are rounded once,
-        directly (never through float32).
+    x: an array of float32, float64, float16 or bfloat16: a numpy array (bfloat16 from
+        ml_dtypes; any strides; lists and Python floats are converted with ``np.asarray``) or a
+        DLPack producer (torch tensor on CPU or CUDA, cupy array, ...), read without a copy.
+        float64 inputs are rounded once, directly (never through float32).
     fmt: a format name or a :class:`Format`.
     rounding: "nearest_even" (default), "nearest_away", "toward_zero", "up", "down", "odd" or
         "stochastic".
@@ -107,43 +143,47 @@ def cast(
         "positive".
     random_bits: stochastic rounding only: how many random bits decide each rounding (1..32,
         default 32). Element i of the row-major order draws its bits from the Philox stream
-        (seed, offset), so results depend on neither memory layout nor thread count.
-    threads: CPU threads, 0 for all cores.
+        (seed, offset), so results depend on neither memory layout, thread count nor device.
+    threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream).
 
-    The codes are uint8 for formats of up to 8 bits, uint16 up to 16, uint32 beyond. The rules
-    are docs/rounding.md's.
+    The codes are uint8 for formats of up to 8 bits, uint16 up to 16, uint32 beyond, in the
+    caller's array type on the same device (numpy in, numpy out; torch in, torch out; see
+    docs/python.md). The rules are docs/rounding.md's.
     """
-    return _core.cast(
-        _as_array(x),
-        fmt,
-        rounding,
-        saturate,
-        subnormals,
-        nan_sign,
-        _random_bits(random_bits),
-        _uint64("seed", seed),
-        _uint64("offset", offset),
-        _threads(threads),
-    )
+    f = _core.parse_format(fmt)
+    r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    threads = _threads(threads)
+    with _interop.call(("x", x, None), any_layout=("x",)) as c:
+        out = c.empty(c.shape("x"), f.code_dtype)
+        _core.cast(c["x"], f, r, out, threads, c.stream)
+        return c.result(out)
 
 
-def decode(codes: Any, fmt: FormatLike, dtype: Any = "float32", *, threads: int = 0) -> np.ndarray:
+def decode(codes: Any, fmt: FormatLike, dtype: Any = "float32", *, threads: int = 0) -> Any:
     """The exact values of ``codes`` (codes of ``fmt``) as float32 or float64.
 
     codes: an array of the format's code dtype (``format_info(fmt).code_dtype``: uint8, uint16
-        or uint32); lists of ints are converted to it. Bits above the format's width are ignored.
-    dtype: "float32" (default) or "float64"; float64 is required for formats whose values do
-        not all fit float32 (``Format.fits_float``).
+        or uint32): numpy or a DLPack producer, as for :func:`cast`; lists of ints are converted
+        to it. Bits above the format's width are ignored.
+    dtype: "float32" (default) or "float64" (a name, numpy dtype or torch dtype); float64 is
+        required for formats whose values do not all fit float32 (``Format.fits_float``).
+    threads: CPU threads, 0 for all cores.
 
     NaN codes decode to a quiet NaN with the code's sign (fnuz NaNs have none), Inf codes to Inf.
+    The result is the caller's array type on the codes' device.
     """
-    if not isinstance(codes, np.ndarray):
-        codes = _as_array(codes, dtype=_core.parse_format(fmt).code_dtype)
+    f = _core.parse_format(fmt)
     try:
-        dtype_name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+        dtype_name = _dtype_name(dtype)
     except TypeError as e:
         raise ValueError(f"dtype {dtype!r}: expected one of float32, float64") from e
-    return _core.decode(codes, fmt, dtype_name, _threads(threads))
+    if dtype_name not in ("float32", "float64"):
+        raise ValueError(f"dtype {dtype_name!r}: expected one of float32, float64")
+    threads = _threads(threads)
+    with _interop.call(("codes", codes, f.code_dtype), any_layout=("codes",)) as c:
+        out = c.empty(c.shape("codes"), dtype_name)
+        _core.decode(c["codes"], f, out, threads, c.stream)
+        return c.result(out)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
 """Type stubs of the compiled module lowbit._core (python/src/core.cpp)."""
 
-from typing import Optional, Union
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any, Optional, Union
 
 class Format:
     """A number format; see docs/rounding.md for the meaning of each field."""
@@ -71,20 +68,153 @@ _FormatLike = Union[str, Format]
 def parse_format(fmt: _FormatLike) -> Format: ...
 def named_formats() -> list[Format]: ...
 def roundings() -> list[str]: ...
+# Array arguments: numpy arrays or DLPack producers (torch, cupy, jax, ...). Results are passed
+# in (allocated by the Python layer); `stream` is a CUDA stream handle (0: default), ignored for
+# CPU arrays.
+_Array = Any
+
+class _Rounding:
+    def __init__(
+        self,
+        rounding: str = "nearest_even",
+        saturate: bool = False,
+        subnormals: str = "keep",
+        nan_sign: str = "preserve",
+        random_bits: Optional[int] = None,
+        seed: int = 0,
+        offset: int = 0,
+    ) -> None: ...
+
 def cast(
-    x: npt.NDArray[np.generic],
-    fmt: _FormatLike,
-    rounding: str,
-    saturate: bool,
-    subnormals: str,
-    nan_sign: str,
-    random_bits: Optional[int],
-    seed: int,
-    offset: int,
+    x: _Array, fmt: _FormatLike, rounding: _Rounding, out: _Array, threads: int, stream: int
+) -> None: ...
+def decode(codes: _Array, fmt: _FormatLike, out: _Array, threads: int, stream: int) -> None: ...
+def target_info(target: _FormatLike, arg: str = "target") -> tuple[str, str, float, bool]: ...
+def quantize(
+    x: _Array,
+    target: _FormatLike,
+    kind: str,
+    tile_rows: int,
+    tile_cols: int,
+    margin: int,
+    pow2: bool,
+    transpose: bool,
+    rounding: _Rounding,
+    codes: _Array,
+    scales: _Array,
     threads: int,
-) -> npt.NDArray[np.unsignedinteger]: ...
-def decode(
-    codes: npt.NDArray[np.unsignedinteger], fmt: _FormatLike, dtype: str, threads: int
-) -> npt.NDArray[np.floating]: ...
+    stream: int,
+) -> None: ...
+def cast_scaled(
+    x: _Array,
+    scale: _Array,
+    target: _FormatLike,
+    rounding: _Rounding,
+    codes: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def dequantize(
+    codes: _Array,
+    scales: _Array,
+    target: _FormatLike,
+    kind: str,
+    tile_rows: int,
+    tile_cols: int,
+    out: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def quantize_delayed(
+    x: _Array,
+    history: _Array,
+    target: _FormatLike,
+    reduce: str,
+    margin: int,
+    pow2: bool,
+    rounding: _Rounding,
+    codes: _Array,
+    scale_pair: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def quantize_mx(
+    x: _Array,
+    elem: _FormatLike,
+    block: int,
+    rounding: _Rounding,
+    codes: _Array,
+    scales: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def dequantize_mx(
+    codes: _Array,
+    scales: _Array,
+    elem: _FormatLike,
+    block: int,
+    out: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def _describe(obj: _Array, name: str = "x", writable: bool = False) -> dict[str, Any]: ...
 def cuda_available() -> bool: ...
+def cuda_built() -> bool: ...
 def _throw(kind: str, what: str) -> None: ...
+
+# ---- verify (python/src/verify.cpp) ----
+
+class VerifyElement:
+    index: tuple[int, ...]
+    flat_index: int
+    input: Optional[float]
+    input_hex: Optional[str]
+    candidate: float
+    candidate_hex: str
+    reference: float
+    reference_hex: str
+    abs_error: float
+    rel_error: float
+    ulp_error: float
+    allowed: float
+    failed: bool
+    nan_mismatch: bool
+
+class VerifyBucket:
+    label: str
+    lo: float
+    hi: float
+    count: int
+
+class VerifyReport:
+    policy: str
+    grid: str
+    candidate_dtype: str
+    reference_dtype: str
+    input_dtype: Optional[str]
+    shape: tuple[int, ...]
+    total: int
+    checked: int
+    nan_matches: int
+    nan_mismatches: int
+    failed: int
+    max_abs_error: float
+    max_rel_error: float
+    max_ulp_error: float
+    worst: list[VerifyElement]
+    histogram: list[VerifyBucket]
+    ok: bool
+    def to_string(self) -> str: ...
+    def to_json(self) -> str: ...
+
+def verify(
+    candidate: Any,
+    reference: Any,
+    policy: Optional[str],
+    format: Optional[_FormatLike],
+    inputs: Any,
+    input_format: Optional[_FormatLike],
+    worst: int,
+    bounds: Any,
+    bound_name: str,
+) -> VerifyReport: ...

@@ -177,9 +177,169 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_report)
 
 
+# ---- lowbit verify -----------------------------------------------------------------------------
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {text}")
+    return value
+
+
+def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
+    import numpy as np
+
+    from lowbit._verify import verify
+
+    def load(path: Path) -> np.ndarray:
+        return np.load(path, allow_pickle=False)
+
+    try:
+        report = verify(load(args.candidate), load(args.reference), args.policy,
+                        format=args.format,
+                        inputs=None if args.inputs is None else load(args.inputs),
+                        input_format=args.input_format, worst=args.worst)
+    except (OSError, ValueError, TypeError) as e:
+        # Arrays or a policy that cannot be compared: a usage error, like argparse's (status 2).
+        print(f"lowbit verify: error: {e}", file=sys.stderr)
+        return 2
+    out.write((report.to_json(indent=2) if args.json else str(report)) + "\n")
+    return 0 if report.ok else 1
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="compare a candidate array against a reference (.npy files)",
+        description="Compare CANDIDATE against REFERENCE (.npy files of the same shape) under a "
+                    "policy and print the report (docs/verification.md). Exit status: 0 when "
+                    "every element passes, 1 when some fail, 2 for usage errors (unreadable "
+                    "files, shapes or dtypes that cannot be compared, a bad policy).",
+    )
+    p.add_argument("candidate", type=Path, help="the array under test (.npy)")
+    p.add_argument("reference", type=Path, help="the expected array (.npy)")
+    p.add_argument("--policy", default="exact", metavar="POLICY",
+                   help="exact | exact:strict | ulp:N | atol:X | rtol:Y | atol:X,rtol:Y, "
+                        "optionally @FORMAT (default: exact)")
+    p.add_argument("--format", default=None, metavar="FORMAT",
+                   help="the format of code arrays (uint8/16/32) and of the ulp grid, e.g. "
+                        "e4m3fn (default: the candidate's dtype)")
+    p.add_argument("--inputs", type=Path, default=None, metavar="FILE",
+                   help="the inputs (.npy), shown beside the worst elements")
+    p.add_argument("--input-format", default=None, metavar="FORMAT",
+                   help="the format of code inputs")
+    p.add_argument("--worst", type=_count, default=10, metavar="N",
+                   help="how many of the worst elements to list (default 10)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=_run_verify)
+
+
+# ---- lowbit cast / lowbit decode ---------------------------------------------------------------
+
+
+def _format_arg(text: str) -> lowbit.Format:
+    try:
+        return lowbit.parse_format(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("fmt: ")) from None
+
+
+def _uint64_arg(text: str) -> int:
+    value = int(text, 0)
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..2**64-1, got {text}")
+    return value
+
+
+def _convert_files(command: str, args: argparse.Namespace, convert: Callable) -> int:
+    import numpy as np
+
+    try:
+        data = np.load(args.input, allow_pickle=False)
+        result = convert(data)
+        # Written to exactly the named file (np.save(path) would append ".npy").
+        with open(args.output, "wb") as f:
+            np.save(f, result, allow_pickle=False)
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
+        print(f"lowbit {command}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_cast(args: argparse.Namespace, out: TextIO) -> int:
+    return _convert_files("cast", args, lambda x: lowbit.cast(
+        x, args.format, rounding=args.rounding, saturate=args.saturate,
+        subnormals=args.subnormals, nan_sign=args.nan_sign, random_bits=args.random_bits,
+        seed=args.seed, offset=args.offset, threads=args.threads))
+
+
+def _run_decode(args: argparse.Namespace, out: TextIO) -> int:
+    return _convert_files("decode", args, lambda codes: lowbit.decode(
+        codes, args.format, args.dtype, threads=args.threads))
+
+
+_EXIT_STATUS = ("Exit status: 0 on success, 1 when the conversion fails (unreadable input, "
+                "unsupported dtype, unwritable output; the message goes to stderr), 2 for usage "
+                "errors (unknown format or rounding names).")
+
+
+def _add_cast(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cast",
+        help="round the values of a .npy file to a format; write the codes as .npy",
+        description="Read INPUT (.npy of float16, float32 or float64), round every value to "
+                    "FORMAT (docs/rounding.md) and write the codes to OUTPUT (.npy of uint8, "
+                    "uint16 or uint32, same shape). " + _EXIT_STATUS,
+    )
+    p.add_argument("input", type=Path, help="the values (.npy)")
+    p.add_argument("output", type=Path, help="where to write the codes (.npy)")
+    p.add_argument("--format", required=True, type=_format_arg, metavar="FORMAT",
+                   help="a named format (lowbit formats) or e<E>m<M>[...]")
+    p.add_argument("--rounding", default="nearest_even", choices=lowbit.roundings(),
+                   help="rounding mode (default nearest_even)")
+    p.add_argument("--saturate", action="store_true",
+                   help="overflow and +-Inf give +-max instead of Inf/NaN")
+    p.add_argument("--subnormals", default="keep", choices=["keep", "flush"],
+                   help="keep or flush subnormal results (default keep)")
+    p.add_argument("--nan-sign", default="preserve", choices=["preserve", "positive"],
+                   help="sign of NaN results (default preserve)")
+    p.add_argument("--random-bits", type=int, default=None, metavar="K",
+                   help="stochastic rounding: random bits per rounding, 1..32 (default 32)")
+    p.add_argument("--seed", type=_uint64_arg, default=0, metavar="N",
+                   help="stochastic rounding: Philox seed (default 0)")
+    p.add_argument("--offset", type=_uint64_arg, default=0, metavar="N",
+                   help="stochastic rounding: Philox offset (default 0)")
+    p.add_argument("--threads", type=_threads, default=0, metavar="N",
+                   help="CPU threads (default 0: all cores)")
+    p.set_defaults(run=_run_cast)
+
+
+def _add_decode(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "decode",
+        help="the exact values of the codes in a .npy file",
+        description="Read INPUT (.npy of codes of FORMAT: uint8, uint16 or uint32) and write "
+                    "their exact values to OUTPUT (.npy of float32 or float64, same shape). "
+                    + _EXIT_STATUS,
+    )
+    p.add_argument("input", type=Path, help="the codes (.npy)")
+    p.add_argument("output", type=Path, help="where to write the values (.npy)")
+    p.add_argument("--format", required=True, type=_format_arg, metavar="FORMAT",
+                   help="the format of the codes")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="type of the values (default float32; float64 for formats wider than "
+                        "float32's range)")
+    p.add_argument("--threads", type=_threads, default=0, metavar="N",
+                   help="CPU threads (default 0: all cores)")
+    p.set_defaults(run=_run_decode)
+
+
 # ---- entry point -------------------------------------------------------------------------------
 
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_formats, _add_report]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_formats, _add_report,
+                                                                 _add_verify, _add_cast,
+                                                                 _add_decode]
 
 
 def build_parser() -> argparse.ArgumentParser:

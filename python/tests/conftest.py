@@ -4,8 +4,10 @@ The tests import the package that is on sys.path: the installed one, or <build>/
 build (ctest sets PYTHONPATH). Helper modules (oracle.py, mlref.py) sit next to the tests.
 """
 
+import importlib.util
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # No example database: runs from the source tree must not write into it, and every CI run then
@@ -20,3 +22,55 @@ settings.register_profile(
 # A fixed sequence of examples, for bisecting a failure: LOWBIT_HYPOTHESIS_PROFILE=lowbit-fixed.
 settings.register_profile("lowbit-fixed", parent=settings.get_profile("lowbit"), derandomize=True)
 settings.load_profile(os.environ.get("LOWBIT_HYPOTHESIS_PROFILE", "lowbit"))
+
+
+# ---- markers: torch and gpu ---------------------------------------------------------------------
+#
+# `torch` tests need PyTorch (CPU tensors are enough); `gpu` tests need PyTorch with CUDA, a device
+# and a lowbit build with CUDA kernels. Both are skipped, with the reason, where that is missing,
+# so the CPU-only CI runs them as skips and a GPU host runs them for real
+# (`pytest -m "torch or gpu"`).
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "torch: needs PyTorch; skipped where it is not installed")
+    config.addinivalue_line(
+        "markers",
+        "gpu: needs PyTorch with CUDA, a CUDA device and a lowbit build with CUDA kernels; "
+        "skipped otherwise")
+
+
+def _torch_missing():
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    return None
+
+
+def _gpu_missing():
+    reason = _torch_missing()
+    if reason:
+        return reason
+    import torch
+
+    import lowbit._core
+
+    if not lowbit._core.cuda_built():
+        return "this lowbit build has no CUDA kernels (LOWBIT_ENABLE_CUDA=OFF)"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA device"
+    if not lowbit._core.cuda_available():
+        return "lowbit sees no CUDA device"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    checks = {"torch": _torch_missing, "gpu": _gpu_missing}
+    reasons = {}
+    for item in items:
+        for marker, check in checks.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in reasons:
+                reasons[marker] = check()
+            if reasons[marker]:
+                item.add_marker(pytest.mark.skip(reason=f"{marker}: {reasons[marker]}"))

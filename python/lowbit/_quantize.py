@@ -1,0 +1,453 @@
+"""Scaled quantization: per tensor, row, column, block and tile, delayed scaling, OCP MX.
+
+The functions bind the host API of kernels/include/lowbit/kernels/quantize.hpp; the equations
+and the NaN/zero rules are docs/techniques/quantization.md's. Arrays are numpy arrays or DLPack
+producers (torch CPU/CUDA tensors, cupy, ...); results come back in the caller's array library
+on the same device (lowbit._interop), CUDA work on the caller's current stream.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from lowbit import _core, _interop
+from lowbit._api import _dtype_name, _flag, _integer, _name, _rounding, _threads
+from lowbit._core import Format
+
+TargetLike = Union[str, Format]
+
+_KINDS = ("tensor", "rows", "columns", "blocks", "tiles")
+_EXPECTED = "expected 'tensor', 'rows', 'columns', ('blocks', k) or ('tiles', r, c)"
+
+
+@dataclass(frozen=True)
+class Granularity:
+    """Which elements share one scale, on the matrix reading of the input (leading dimensions
+    are the rows, the last dimension the columns).
+
+    Build one with ``Granularity.tensor()``, ``.rows()``, ``.columns()``, ``.blocks(k)`` (``k``
+    consecutive elements of a row) or ``.tiles(r, c)``; every function also takes the short forms
+    ``"tensor"``, ``"rows"``, ``"columns"``, ``("blocks", k)`` and ``("tiles", r, c)``.
+    """
+
+    kind: str
+    size: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise TypeError(f"granularity: expected a kind name (str), got "
+                            f"{type(self.kind).__name__}")
+        if self.kind not in _KINDS:
+            raise ValueError(f"granularity {self.kind!r}: {_EXPECTED}")
+        if not isinstance(self.size, tuple):
+            raise TypeError(f"granularity {self.kind!r}: sizes are a tuple of integers, got "
+                            f"{type(self.size).__name__}")
+        want = {"blocks": 1, "tiles": 2}.get(self.kind, 0)
+        if len(self.size) != want:
+            form = {"blocks": "('blocks', k)", "tiles": "('tiles', r, c)"}.get(self.kind,
+                                                                              repr(self.kind))
+            raise ValueError(f"granularity {self.kind!r}: takes {want} size(s), written {form}; "
+                             f"got {self.size!r}")
+        sizes = tuple(_integer("granularity", s) for s in self.size)
+        for s in sizes:
+            if not 1 <= s < 2**62:
+                raise ValueError(f"granularity {self.kind!r}: sizes must be >= 1, got {sizes}")
+        object.__setattr__(self, "size", sizes)
+
+    @classmethod
+    def tensor(cls) -> Granularity:
+        """One scale for the whole tensor."""
+        return cls("tensor")
+
+    @classmethod
+    def rows(cls) -> Granularity:
+        """One scale per row (per index of the leading dimensions)."""
+        return cls("rows")
+
+    @classmethod
+    def columns(cls) -> Granularity:
+        """One scale per column (per index of the last dimension)."""
+        return cls("columns")
+
+    @classmethod
+    def blocks(cls, k: int) -> Granularity:
+        """One scale per ``k`` consecutive elements of a row (the last block may be shorter)."""
+        return cls("blocks", (k,))
+
+    @classmethod
+    def tiles(cls, r: int, c: int) -> Granularity:
+        """One scale per ``r x c`` tile of the matrix reading (edge tiles may be smaller)."""
+        return cls("tiles", (r, c))
+
+    @classmethod
+    def of(cls, value: Any) -> Granularity:
+        """A Granularity from any accepted form."""
+        if isinstance(value, Granularity):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, (tuple, list)) and value and isinstance(value[0], str):
+            return cls(value[0], tuple(value[1:]))
+        raise TypeError(f"granularity: {_EXPECTED} or a lowbit.Granularity, got "
+                        f"{type(value).__name__}")
+
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the scales for an input of ``shape``: ``()`` per tensor,
+        ``shape[:-1] + (1,)`` per row, ``(N,)`` per column, ``shape[:-1] + (ceil(N/k),)`` for
+        blocks and ``(ceil(M/r), ceil(N/c))`` for tiles (M rows, N columns)."""
+        lead, n = (shape[:-1], shape[-1]) if shape else ((), 1)
+        m = math.prod(lead)
+        if self.kind == "tensor":
+            return ()
+        if self.kind == "rows":
+            return lead + (1,)
+        if self.kind == "columns":
+            return (n,)
+        if self.kind == "blocks":
+            return lead + (-(-n // self.size[0]),)
+        return (-(-m // self.size[0]), -(-n // self.size[1]))
+
+    def _core_args(self) -> tuple[str, int, int]:
+        if self.kind == "blocks":
+            return self.kind, 1, self.size[0]
+        if self.kind == "tiles":
+            return self.kind, self.size[0], self.size[1]
+        return self.kind, 1, 1
+
+
+GranularityLike = Union[str, tuple, Granularity]
+
+
+def _margin(value: Any) -> int:
+    value = _integer("margin", value)
+    if not -126 <= value <= 126:
+        raise ValueError(f"margin: expected an integer in -126..126, got {value}")
+    return value
+
+
+def _block(value: Any) -> int:
+    value = _integer("block", value)
+    if not 1 <= value < 2**62:
+        raise ValueError(f"block: must be >= 1 (OCP MX uses 32), got {value}")
+    return value
+
+
+def _float32_out(dtype: Any) -> None:
+    name = _dtype_name(dtype)
+    if name != "float32":
+        raise ValueError(f"dtype {name!r}: expected float32 (the kernels dequantize to float32; "
+                         "convert the result if you need another type)")
+
+
+def _matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+    return (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
+
+
+_POLICY_DOC = """
+    rounding, saturate, subnormals, nan_sign, random_bits: how the scaled values round to the
+        target, as in :func:`lowbit.cast` (integer targets always saturate and turn NaN into
+        0). ``saturate`` defaults to True here: a value that overflows the target clamps to its
+        largest finite value, as in the common quantization libraries.
+    seed, offset: the Philox stream of stochastic rounding; element (r, c) of the matrix
+        reading draws bits(r * N + c), whatever the layout of x or of the codes.
+    threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream)."""
+
+
+def _doc(f: Any) -> Any:
+    if f.__doc__:  # None under python -OO
+        f.__doc__ = f.__doc__.replace("    {policy}", _POLICY_DOC.strip("\n"))
+    return f
+
+
+@_doc
+def quantize(
+    x: Any,
+    target: TargetLike,
+    granularity: GranularityLike = "tensor",
+    *,
+    margin: int = 0,
+    pow2: bool = False,
+    transpose: bool = False,
+    rounding: str = "nearest_even",
+    saturate: bool = True,
+    subnormals: str = "keep",
+    nan_sign: str = "preserve",
+    random_bits: int | None = None,
+    seed: int = 0,
+    offset: int = 0,
+    threads: int = 0,
+) -> tuple[Any, Any]:
+    """Absmax-scaled quantization; returns ``(codes, scales)``.
+
+    For each group G of elements sharing a scale: ``amax = max |x_i|``,
+    ``q = fl(fl(max / amax) * 2^-margin)`` (with ``pow2``: the power of two
+    ``2^(floor(log2(max / amax)) - margin)``), ``code_i = encode(target, fl(x_i * q))``, and the
+    stored scale is ``d = fl(fl(amax / max) * 2^margin)`` (``1 / q`` with ``pow2``), so that
+    ``x_i ~ value(code_i) * d``. A group of zeros gets ``q = d = 1``; a NaN or Inf in a group makes
+    its ``d`` NaN and its codes the target's NaN (0 for integers). The exact rules are in
+    docs/techniques/quantization.md.
+
+    x: float32, float16 or bfloat16; numpy or a DLPack producer (lists and Python floats are
+        converted to float32 numpy arrays). It is read as a matrix: the leading dimensions are
+        the rows, the last dimension is the columns (a 0-d x is 1 x 1). Rows may be strided;
+        the last dimension must be contiguous.
+    target: a float format whose values fit float32 (name or :class:`Format`, e.g. "e4m3fn",
+        "e5m2", "e2m1fn", "bfloat16") or an integer target: "int8", "int8_sym" (the symmetric
+        [-127, 127] of absmax int8 quantization), "uint8", "int4", "int4_sym", "uint4".
+    granularity: "tensor", "rows", "columns", ("blocks", k), ("tiles", r, c) or a
+        :class:`Granularity`.
+    margin: scale down by an extra 2^margin (headroom), -126..126.
+    pow2: round q down to a power of two (exact scaling; d = 1 / q).
+    transpose: granularity "columns" only: write the codes as the N x M transpose of the matrix
+        reading, with one scale per row of the transposed codes (dequantize them with
+        granularity "rows").
+    {policy}
+
+    Returns codes (uint8 or uint16 for formats, int8 for signed integer targets, uint8 for
+    unsigned ones; shaped like x, or (N, M) with ``transpose``) and float32 scales shaped by
+    :meth:`Granularity.scale_shape` (``()``, ``x.shape[:-1] + (1,)``, ``(N,)``,
+    ``x.shape[:-1] + (ceil(N/k),)``, ``(ceil(M/r), ceil(N/c))``; ``(N, 1)`` with
+    ``transpose``), both in the caller's array type on x's device.
+    """
+    info = _core.target_info(target)
+    g = Granularity.of(granularity)
+    margin = _margin(margin)
+    pow2 = _flag("pow2", pow2)
+    transpose = _flag("transpose", transpose)
+    if transpose and g.kind != "columns":
+        raise ValueError("transpose: only granularity='columns' can write transposed codes")
+    r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    threads = _threads(threads)
+    with _interop.call(("x", x, "float32")) as c:
+        shape = c.shape("x")
+        if transpose:
+            m, n = _matrix(shape)
+            codes = c.empty((n, m), info[1])
+            scales = c.empty((n, 1), "float32")
+        else:
+            codes = c.empty(shape, info[1])
+            scales = c.empty(g.scale_shape(shape), "float32")
+        kind, rows, cols = g._core_args()
+        _core.quantize(c["x"], target, kind, rows, cols, margin, pow2, transpose, r, codes,
+                       scales, threads, c.stream)
+        return c.result(codes), c.result(scales)
+
+
+@_doc
+def cast_scaled(
+    x: Any,
+    scale: Any,
+    target: TargetLike,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = True,
+    subnormals: str = "keep",
+    nan_sign: str = "preserve",
+    random_bits: int | None = None,
+    seed: int = 0,
+    offset: int = 0,
+    threads: int = 0,
+) -> Any:
+    """Quantize with a given multiplier: ``code_i = encode(target, fl(x_i * scale))``.
+
+    x: float32, float16 or bfloat16; numpy or a DLPack producer (read as for :func:`quantize`).
+    scale: the quantization multiplier q (not the dequantization factor d = 1/q): a positive
+        finite Python number, or a one-element float32 array on x's device (a device array is
+        not inspected: that would synchronize).
+    target: as for :func:`quantize`.
+    {policy}
+
+    Returns the codes, shaped like x, in the caller's array type on x's device.
+    """
+    info = _core.target_info(target)
+    if isinstance(scale, (bool, np.bool_)):
+        raise TypeError("scale: expected a number or a float32 array, got bool")
+    if isinstance(scale, numbers.Real) and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a positive finite multiplier, got {scale!r}")
+    r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    threads = _threads(threads)
+    with _interop.call(("x", x, "float32"), ("scale", scale, "float32")) as c:
+        codes = c.empty(c.shape("x"), info[1])
+        _core.cast_scaled(c["x"], c["scale"], target, r, codes, threads, c.stream)
+        return c.result(codes)
+
+
+def dequantize(
+    codes: Any,
+    scales: Any,
+    target: TargetLike,
+    granularity: GranularityLike = "tensor",
+    dtype: Any = "float32",
+    *,
+    threads: int = 0,
+) -> Any:
+    """``out_i = fl(value(code_i) * d)`` with the scale d of the element's group: the inverse of
+    :func:`quantize` (up to the rounding of the codes).
+
+    codes: codes of ``target`` (uint8/uint16 for formats, int8 or uint8 for integer targets),
+        read as a matrix like x in :func:`quantize`.
+    scales: float32, contiguous, one per group (any shape with that many elements; NaN scales
+        are valid and give NaN groups); a Python float is taken as the one scale of
+        granularity "tensor".
+    target, granularity: as given to :func:`quantize` (codes written with ``transpose`` are
+        dequantized with granularity "rows").
+    dtype: "float32", the type the kernels compute in.
+    threads: CPU threads, 0 for all cores.
+
+    Returns float32 values shaped like codes, in the caller's array type on codes' device.
+    """
+    info = _core.target_info(target)
+    g = Granularity.of(granularity)
+    _float32_out(dtype)
+    threads = _threads(threads)
+    with _interop.call(("codes", codes, info[1]), ("scales", scales, "float32")) as c:
+        out = c.empty(c.shape("codes"), "float32")
+        kind, rows, cols = g._core_args()
+        _core.dequantize(c["codes"], c["scales"], target, kind, rows, cols, out, threads,
+                         c.stream)
+        return c.result(out)
+
+
+@_doc
+def quantize_delayed(
+    x: Any,
+    history: Any,
+    target: TargetLike,
+    *,
+    reduce: str = "max",
+    margin: int = 0,
+    pow2: bool = False,
+    rounding: str = "nearest_even",
+    saturate: bool = True,
+    subnormals: str = "keep",
+    nan_sign: str = "preserve",
+    random_bits: int | None = None,
+    seed: int = 0,
+    offset: int = 0,
+    threads: int = 0,
+) -> tuple[Any, Any]:
+    """Per-tensor quantization with delayed scaling: the scale comes from the amax history of
+    earlier steps; then this tensor's amax enters the history.
+
+    ``amax_used = max(history)`` (reduce="max") or ``history[0]`` (reduce="most_recent");
+    q and d follow from it as in :func:`quantize`; then the history shifts by one (the oldest
+    entry drops out) and ``history[0] = amax(x)``.
+
+    x: float32, float16 or bfloat16; numpy or a DLPack producer.
+    history: float32, contiguous, 1..4096 entries, on x's device, newest first; updated in place
+        (so it must be a writable array, not a list). Start it with zeros (the first call then
+        uses q = d = 1) or with a known amax.
+    target: as for :func:`quantize`.
+    reduce: "max" or "most_recent".
+    margin, pow2: as for :func:`quantize`.
+    {policy}
+
+    Returns ``(codes, scale_pair)``: the codes shaped like x and a float32 array ``[q, d]`` of
+    the multiplier and dequantization factor used, both in the caller's array type on x's device
+    (no device synchronization: read ``scale_pair`` when you need it).
+    """
+    info = _core.target_info(target)
+    reduce = _name("reduce", reduce)
+    margin = _margin(margin)
+    pow2 = _flag("pow2", pow2)
+    r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    threads = _threads(threads)
+    with _interop.call(("x", x, "float32"), ("history", history, "float32"),
+                       inplace=("history",)) as c:
+        codes = c.empty(c.shape("x"), info[1])
+        pair = c.empty((2,), "float32")
+        _core.quantize_delayed(c["x"], c["history"], target, reduce, margin, pow2, r, codes,
+                               pair, threads, c.stream)
+        return c.result(codes), c.result(pair)
+
+
+@_doc
+def quantize_mx(
+    x: Any,
+    elem: TargetLike,
+    block: int = 32,
+    *,
+    rounding: str = "nearest_even",
+    saturate: bool = True,
+    subnormals: str = "keep",
+    nan_sign: str = "preserve",
+    random_bits: int | None = None,
+    seed: int = 0,
+    offset: int = 0,
+    threads: int = 0,
+) -> tuple[Any, Any]:
+    """OCP Microscaling (MX v1.0): ``block`` consecutive elements of a row share the power-of-two
+    scale ``X = 2^s``, ``s = clamp(floor(log2(amax)) - emax_elem, -127, 127)``, stored as an E8M0
+    code (``s + 127``); the elements are ``encode(elem, x_i / X)`` (exact division).
+
+    An all-zero block gets s = -127 (code 0x00); a NaN or Inf in a block gives scale code 0xFF and
+    every element the element format's NaN (0 for formats without NaN). The default rounding is
+    the spec's: nearest-even with saturation (``x / X`` can reach ``2^(emax+1)``, above the
+    element maximum).
+
+    x: float32, float16 or bfloat16; numpy or a DLPack producer (read as a matrix, as for
+        :func:`quantize`).
+    elem: the element format: "e4m3fn" or "e5m2" (MXFP8), "e3m2fn" or "e2m3fn" (MXFP6),
+        "e2m1fn" (MXFP4), "int8" (MXINT8: value = int8 * 2^-6); other float formats that fit
+        float32 also work.
+    block: the block length along rows (32 in the OCP spec); the last block of a row may be
+        shorter.
+    {policy}
+
+    Returns ``(codes, scales)``: codes shaped like x (uint8; int8 for MXINT8) and the E8M0 scale
+    codes, uint8, shaped ``x.shape[:-1] + (ceil(N/block),)``, in the caller's array type.
+    """
+    info = _core.target_info(elem, "elem")
+    block = _block(block)
+    r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    threads = _threads(threads)
+    with _interop.call(("x", x, "float32")) as c:
+        shape = c.shape("x")
+        lead, n = (shape[:-1], shape[-1]) if shape else ((), 1)
+        codes = c.empty(shape, info[1])
+        scales = c.empty(lead + (-(-n // block),), "uint8")
+        _core.quantize_mx(c["x"], elem, block, r, codes, scales, threads, c.stream)
+        return c.result(codes), c.result(scales)
+
+
+def dequantize_mx(
+    codes: Any,
+    scales: Any,
+    elem: TargetLike,
+    block: int = 32,
+    dtype: Any = "float32",
+    *,
+    threads: int = 0,
+) -> Any:
+    """``out_i = fl(value(code_i) * X)``, X the power of two of the element's block: the inverse
+    of :func:`quantize_mx`. A scale code 0xFF (NaN) makes its block NaN.
+
+    codes: codes of ``elem`` (uint8; int8 for MXINT8), read as a matrix.
+    scales: the E8M0 scale codes, uint8, contiguous, ``rows x ceil(N/block)`` elements.
+    elem, block: as given to :func:`quantize_mx`.
+    dtype: "float32", the type the kernels compute in.
+    threads: CPU threads, 0 for all cores.
+
+    Returns float32 values shaped like codes, in the caller's array type on codes' device.
+    """
+    info = _core.target_info(elem, "elem")
+    block = _block(block)
+    _float32_out(dtype)
+    threads = _threads(threads)
+    with _interop.call(("codes", codes, info[1]), ("scales", scales, "uint8")) as c:
+        out = c.empty(c.shape("codes"), "float32")
+        _core.dequantize_mx(c["codes"], c["scales"], elem, block, out, threads, c.stream)
+        return c.result(out)
+
+
+def target_info(target: TargetLike) -> tuple[str, str, float, bool]:
+    """``(name, code_dtype, max, is_int)`` of a quantization target: its canonical name, the
+    dtype of its codes, its largest finite value (the integer maximum for integer targets) and
+    whether it is an integer target."""
+    name, code_dtype, max_value, is_int = _core.target_info(target)
+    return name, code_dtype, max_value, is_int
