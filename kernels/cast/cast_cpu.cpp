@@ -29,14 +29,18 @@ void cast_any(const tensor_view& in, const tensor_view& out, const emu::format& 
   const bool flat = in.is_contiguous() && out.is_contiguous();
   cast_ops::dispatch_input(in.type, [&](auto tag) {
     using T = decltype(tag);
-    const T* src = in.ptr<const T>();
-    detail::dispatch_format(fmt, [&](auto ft) {
-      with_code_type(ft, out.type, [&](auto code_tag) {
+    detail::dispatch_format(fmt, [&](auto ft_ref) {
+      with_code_type(ft_ref, out.type, [&](auto code_tag) {
         using C = decltype(code_tag);
-        C* dst = out.ptr<C>();
-        detail::dispatch_policy(pol, [&](auto pt) {
-        using PT = decltype(pt);
+        detail::dispatch_policy(pol, [&](auto pt_ref) {
         parallel_for(in.numel(), ex.threads, [&](std::int64_t b, std::int64_t e) {
+          // Local copies: stores through the (char-sized) codes may alias anything reached
+          // through a reference, which would make the compiler reload the pointers and the
+          // policy, and recompute its constants, after every element.
+          const auto pt = pt_ref;
+          const auto ft = ft_ref;
+          const T* __restrict__ src = in.ptr<const T>();
+          C* __restrict__ dst = out.ptr<C>();
           if (flat) {
             if (pt.stochastic()) {
               for (std::int64_t i = b; i < e;) {
@@ -65,11 +69,12 @@ void cast_any(const tensor_view& in, const tensor_view& out, const emu::format& 
 template <class C, class T>
 void decode_typed(const tensor_view& codes, const tensor_view& out, const emu::format& fmt,
                   const exec& ex) {
-  const C* src = codes.ptr<const C>();
-  T* dst = out.ptr<T>();
   const bool flat = codes.is_contiguous() && out.is_contiguous();
-  detail::dispatch_format(fmt, [&](auto ft) {
+  detail::dispatch_format(fmt, [&](auto ft_ref) {
     parallel_for(codes.numel(), ex.threads, [&](std::int64_t b, std::int64_t e) {
+      const auto ft = ft_ref;  // local copies, as in cast_any
+      const C* __restrict__ src = codes.ptr<const C>();
+      T* __restrict__ dst = out.ptr<T>();
       if (flat) {
         for (std::int64_t i = b; i < e; ++i) dst[i] = emu::decode<T>(ft.get(), src[i]);
       } else {

@@ -1,6 +1,7 @@
 # ctest driver (cmake -P): install the build tree BUILD_DIR into WORK_DIR/prefix, configure and
 # build the consumer project SOURCE_DIR against it, run it and check what it prints. With
 # WITH_REFERENCE=ON the consumer also builds against lowbit::reference and lowbit::proptest.
+# CXX_FLAGS and LINKER_FLAGS (optional) are the build's own, passed on to the consumer.
 foreach(v BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR CXX)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_consumer_test.cmake: ${v} is not set")
@@ -19,7 +20,10 @@ file(REMOVE_RECURSE "${WORK_DIR}")
 run("install" "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
 set(configure_args -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
     "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" "-DCMAKE_CXX_COMPILER=${CXX}"
-    -DCMAKE_BUILD_TYPE=Release "-DLOWBIT_CONSUMER_WITH_REFERENCE=${WITH_REFERENCE}")
+    -DCMAKE_BUILD_TYPE=Release "-DLOWBIT_CONSUMER_WITH_REFERENCE=${WITH_REFERENCE}"
+    # The installed archives carry the build's instrumentation (the asan preset): so must the
+    # consumer, or it cannot link them.
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}")
 if(MAKE_PROGRAM)
   list(APPEND configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
 endif()
