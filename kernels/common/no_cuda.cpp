@@ -2,6 +2,7 @@
 #include <lowbit/kernels/tensor.hpp>
 
 #include "../cast/cast_internal.hpp"
+#include "../blockwise/blockwise_internal.hpp"
 #include "../quantize/quantize_internal.hpp"
 #include "device_check.hpp"
 
@@ -31,6 +32,9 @@ void quantize(const quant_problem&, const exec&) { no_cuda(); }
 void dequantize(const dequant_problem&, const exec&) { no_cuda(); }
 void quantize_mx(const mx_problem&, const exec&) { no_cuda(); }
 void dequantize_mx(const dequant_problem&, const exec&) { no_cuda(); }
+void quantize_blockwise(const blockwise_problem&, const exec&) { no_cuda(); }
+void dequantize_blockwise(const blockwise_dequant_problem&, const exec&) { no_cuda(); }
+void estimate_quantiles(const quantile_problem&, const exec&) { no_cuda(); }
 }  // namespace cuda
 
 }  // namespace lowbit::kernels

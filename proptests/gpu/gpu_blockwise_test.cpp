@@ -1,0 +1,113 @@
+// Block-wise codebook quantization and SRAM-quantiles: the CUDA kernels against the CPU twin,
+// bit for bit (codes, absmax, nested absmax, dequantized values, quantile estimates).
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/kernels/blockwise.hpp>
+
+#include "gpu_harness.hpp"
+
+namespace {
+
+using namespace lowbit;
+using gpu_test::mirrored;
+using gpu_test::same_bytes;
+using kernels::codebook;
+using kernels::dtype;
+
+// Values of one dtype with zeros, ties of the codebook, tiny values, NaN/Inf now and then.
+void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specials) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float v = nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 40) - 20);
+    const auto k = g() % 100;
+    if (k < 5)
+      v = 0.0f;
+    if (specials && k == 99)
+      v = std::numeric_limits<float>::quiet_NaN();
+    if (specials && k == 98)
+      v = -std::numeric_limits<float>::infinity();
+    if (t == dtype::float32) {
+      std::memcpy(in.host.data() + 4 * i, &v, 4);
+    } else {
+      const auto b = static_cast<std::uint16_t>(
+          emu::encode(t == dtype::float16 ? emu::float16 : emu::bfloat16, v, emu::policy{}, 0));
+      std::memcpy(in.host.data() + 2 * i, &b, 2);
+    }
+  }
+  in.push();
+}
+
+TEST(gpu_vs_cpu, blockwise_quantize_dequantize_nested) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.blockwise", [] {
+    const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
+                                       codebook::linear(true), codebook::from_format(emu::e4m3fn)};
+    const codebook cb = *rc::gen::elementOf(cbs);
+    kernels::blockwise_config cfg;
+    cfg.block = *rc::gen::element<std::int64_t>(64, 128, 256, 512, 1024, 2048, 4096);
+    cfg.rounding = *rc::gen::element(kernels::codebook_rounding::nearest,
+                                     kernels::codebook_rounding::stochastic);
+    cfg.rng = {*rc::gen::arbitrary<std::uint64_t>(), 9};
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
+    const std::int64_t n = *rc::gen::inRange<std::int64_t>(0, 300000);
+    const std::int64_t nb = kernels::blockwise_blocks(n, cfg.block);
+    const std::int64_t nb2 = kernels::blockwise_blocks(nb, kernels::nested_block);
+    mirrored in(static_cast<std::size_t>(n) * kernels::dtype_size(in_t));
+    fill(in, in_t, n, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 3) == 0);
+    mirrored codes(static_cast<std::size_t>(n)), absmax(static_cast<std::size_t>(nb) * 4);
+    mirrored codes2(static_cast<std::size_t>(nb)), absmax2(static_cast<std::size_t>(nb2) * 4);
+    const bool nested = *rc::gen::arbitrary<bool>();
+    for (bool gpu : {false, true}) {
+      if (nested)
+        kernels::quantize_blockwise_nested(
+            in.flat(gpu, in_t, n), codes.flat(gpu, dtype::uint8, n),
+            {codes2.flat(gpu, dtype::uint8, nb), absmax2.flat(gpu, dtype::float32, nb2)}, cb, cfg);
+      else
+        kernels::quantize_blockwise(in.flat(gpu, in_t, n), codes.flat(gpu, dtype::uint8, n),
+                                    absmax.flat(gpu, dtype::float32, nb), cb, cfg);
+    }
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "codes"));
+    if (nested) {
+      RC_ASSERT(same_bytes(codes2.host, codes2.pull(), "nested codes"));
+      RC_ASSERT(same_bytes(absmax2.host, absmax2.pull(), "nested absmax"));
+    } else {
+      RC_ASSERT(same_bytes(absmax.host, absmax.pull(), "absmax"));
+    }
+    mirrored out(static_cast<std::size_t>(n) * 4);
+    for (bool gpu : {false, true}) {
+      if (nested)
+        kernels::dequantize_blockwise_nested(
+            codes.flat(gpu, dtype::uint8, n),
+            {codes2.flat(gpu, dtype::uint8, nb), absmax2.flat(gpu, dtype::float32, nb2)},
+            out.flat(gpu, dtype::float32, n), cb, cfg.block);
+      else
+        kernels::dequantize_blockwise(codes.flat(gpu, dtype::uint8, n),
+                                      absmax.flat(gpu, dtype::float32, nb),
+                                      out.flat(gpu, dtype::float32, n), cb, cfg.block);
+    }
+    RC_ASSERT(same_bytes(out.host, out.pull(), "dequantized values"));
+  }));
+}
+
+TEST(gpu_vs_cpu, sram_quantiles) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.sram_quantiles", [] {
+    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
+    const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 1 << 20);
+    const std::int64_t k = *rc::gen::element<std::int64_t>(256, 255, 1, 17, 4096);
+    mirrored in(static_cast<std::size_t>(n) * kernels::dtype_size(in_t));
+    fill(in, in_t, n, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 4) == 0);
+    mirrored out(static_cast<std::size_t>(k) * 4);
+    for (bool gpu : {false, true})
+      kernels::estimate_quantiles(in.flat(gpu, in_t, n), out.flat(gpu, dtype::float32, k));
+    RC_ASSERT(same_bytes(out.host, out.pull(), "quantile estimates"));
+  }));
+}
+
+} // namespace

@@ -1,0 +1,773 @@
+// Block-wise codebook quantization and SRAM-quantiles: the CPU twin
+// (lowbit::kernels::quantize_blockwise, estimate_quantiles) against the exact reference
+// (reference/blockwise.hpp), plus the codebooks' construction and validation, the NaN/Inf/zero/
+// partial-block rules, nested absmax quantization and the measured rank error of the estimator.
+//
+// The bound of the nearest-entry search. The twin normalizes t = fl(x / a), one correctly
+// rounded float32 division, and then decides exactly (pair sums held as TwoSum pairs), so
+//
+//   |t - x/a| <= u |x/a|  (u = 2^-24)  where |x/a| >= 2^-126,   |t - x/a| <= 2^-150 below,
+//
+// i.e. |t - y| <= e(y) = max(u |y|, 2^-150) with y = x/a exact. The twin's index may differ from
+// the reference's index of y only when the band [y - e(y), y + e(y)] contains a midpoint
+// (the reference gives its two ends different indices), and then it must be one of the indices
+// reachable from the band (between the ends' indices). Given the float t itself, there is no
+// rounding left: the twin must equal the reference's index of t exactly.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <lowbit/kernels/blockwise.hpp>
+#include <lowbit/reference/blockwise.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace lowbit;
+using lowbit::proptest::test::check_property;
+using lowbit::proptest::test::describe_input;
+namespace ref = lowbit::reference;
+using rational = ref::rational;
+using kernels::codebook;
+using kernels::dtype;
+using kernels::tensor_view;
+
+rational exact_of(float x) {
+  return ref::exact(static_cast<double>(x));
+}
+
+ref::codebook_values values_of(const codebook& cb) {
+  ref::codebook_values v{};
+  std::copy(cb.values().begin(), cb.values().end(), v.begin());
+  return v;
+}
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+// ---- codebooks ---------------------------------------------------------------------------------
+
+TEST(blockwise_codebook, dynamic_tree_equals_exact_construction_rounded_once) {
+  for (bool s : {true, false}) {
+    const auto want = ref::to_float32(ref::dynamic_tree_exact(s));
+    const codebook cb = codebook::dynamic_tree(s);
+    for (int i = 0; i < 256; ++i)
+      EXPECT_EQ(bits_of(cb[i]), bits_of(want[static_cast<std::size_t>(i)]))
+          << (s ? "signed" : "unsigned") << " entry " << i;
+  }
+}
+
+TEST(blockwise_codebook, dynamic_tree_structure) {
+  for (bool s : {true, false}) {
+    const codebook cb = codebook::dynamic_tree(s);
+    const auto& v = cb.values();
+    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+    EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), 1);
+    EXPECT_EQ(std::count(v.begin(), v.end(), 1.0f), 1);
+    EXPECT_EQ(v[255], 1.0f);
+    // The published map has +1 but not -1: its negative half mirrors the 127 fraction values.
+    EXPECT_EQ(std::count(v.begin(), v.end(), -1.0f), 0);
+    const int positives =
+        static_cast<int>(std::count_if(v.begin(), v.end(), [](float x) { return x > 0; }));
+    EXPECT_EQ(positives, s ? 128 : 255);
+    if (s) {
+      for (int i = 0; i < 127; ++i)
+        EXPECT_EQ(v[static_cast<std::size_t>(i)], -v[static_cast<std::size_t>(254 - i)]) << i;
+      EXPECT_EQ(v[127], 0.0f);
+    } else {
+      EXPECT_EQ(v[0], 0.0f);
+    }
+    // Per decade 10^-d (d = 6..0): 2^(6-d) (signed) or 2^(7-d) (unsigned) positive values in
+    // [0.1, 1) * 10^-d, evenly spaced: the midpoints of equal intervals of [0.1, 1].
+    for (int d = 6; d >= 0; --d) {
+      const double lo = 0.1 * std::pow(10.0, -d), hi = std::pow(10.0, -d);
+      std::vector<double> in;
+      for (float x : v)
+        if (x > 0 && x < 1.0f && x >= lo * (1 - 1e-6) && x < hi)
+          in.push_back(x);
+      const std::size_t want = std::size_t{1} << (s ? 6 - d : 7 - d);
+      ASSERT_EQ(in.size(), want) << "decade " << d;
+      const double step = 0.9 * hi / static_cast<double>(want);
+      for (std::size_t k = 0; k < in.size(); ++k)
+        EXPECT_NEAR(in[k], lo + step * (static_cast<double>(k) + 0.5), 1e-7 * hi) << d << " " << k;
+    }
+  }
+  // Printed for docs/techniques/blockwise.md.
+  const codebook cb = codebook::dynamic_tree(true);
+  std::printf(
+      "dynamic tree (signed): [0]=%.9g [126]=%.9g [127]=%.9g [128]=%.9g [254]=%.9g [255]=%.9g\n",
+      cb[0], cb[126], cb[127], cb[128], cb[254], cb[255]);
+  const codebook cu = codebook::dynamic_tree(false);
+  std::printf("dynamic tree (unsigned): [0]=%.9g [1]=%.9g [2]=%.9g [254]=%.9g [255]=%.9g\n", cu[0],
+              cu[1], cu[2], cu[254], cu[255]);
+}
+
+TEST(blockwise_codebook, linear_equals_exact_construction_rounded_once) {
+  for (bool s : {true, false}) {
+    const auto want = ref::to_float32(ref::linear_exact(s));
+    const codebook cb = codebook::linear(s);
+    for (int i = 0; i < 256; ++i)
+      EXPECT_EQ(bits_of(cb[i]), bits_of(want[static_cast<std::size_t>(i)])) << i;
+  }
+}
+
+TEST(blockwise_codebook, from_format_takes_every_finite_value_once_and_pads_with_zeros) {
+  struct c {
+    emu::format f;
+    int distinct; // distinct finite values (+-0 once)
+    float max;
+  };
+  for (const auto& t : {c{emu::e4m3fn, 253, 448.0f}, c{emu::e5m2, 247, 57344.0f},
+                        c{emu::e4m3fnuz, 255, 240.0f}, c{emu::e2m1fn, 15, 6.0f}}) {
+    const codebook cb = codebook::from_format(t.f);
+    const auto& v = cb.values();
+    EXPECT_TRUE(std::is_sorted(v.begin(), v.end()));
+    EXPECT_EQ(std::count(v.begin(), v.end(), 0.0f), 256 - t.distinct + 1) << emu::format_name(t.f);
+    EXPECT_EQ(v[255], 1.0f);
+    EXPECT_EQ(v[0], -1.0f);
+    // Every finite code's value, divided by max in float32, is an entry.
+    for (std::uint32_t code = 0; code < (1u << t.f.bits()); ++code) {
+      const float x = emu::decode<float>(t.f, code);
+      if (!std::isfinite(x))
+        continue;
+      EXPECT_TRUE(std::binary_search(v.begin(), v.end(), x / t.max)) << code;
+    }
+  }
+  EXPECT_THROW(codebook::from_format(emu::float16), lowbit::error);
+}
+
+void expect_error_containing(const std::function<void()>& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning \"" << part << "\"";
+  } catch (const lowbit::error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(blockwise_codebook, user_values_are_validated) {
+  std::vector<float> v(256);
+  for (int i = 0; i < 256; ++i)
+    v[static_cast<std::size_t>(i)] = (i - 128) / 128.0f;
+  EXPECT_NO_THROW(codebook::from_values(v.data(), 256));
+  expect_error_containing([&] { codebook::from_values(v.data(), 255); }, "exactly 256");
+  auto w = v;
+  w[17] = std::numeric_limits<float>::quiet_NaN();
+  expect_error_containing([&] { codebook::from_values(w.data(), 256); }, "entry 17 is not finite");
+  w = v;
+  w[255] = std::numeric_limits<float>::infinity();
+  expect_error_containing([&] { codebook::from_values(w.data(), 256); }, "entry 255 is not finite");
+  w = v;
+  w[255] = 1.5f;
+  expect_error_containing([&] { codebook::from_values(w.data(), 256); }, "outside [-1, 1]");
+  w = v;
+  std::swap(w[40], w[41]);
+  expect_error_containing([&] { codebook::from_values(w.data(), 256); }, "ascending");
+  const float zeros[3] = {0, 0, 0};
+  expect_error_containing([&] { codebook::from_quantiles(zeros, 3); }, "every quantile is 0");
+  expect_error_containing([&] { codebook::from_quantiles(zeros, 256); }, "1..255");
+}
+
+// ---- quantization: CPU twin vs reference --------------------------------------------------------
+
+struct named_codebook {
+  std::string name;
+  codebook cb;
+};
+
+// A user codebook with duplicated entries (0 and others) and values very close together.
+codebook odd_user_codebook() {
+  std::vector<float> v;
+  for (int i = 0; i < 100; ++i)
+    v.push_back(-1.0f + i / 200.0f);
+  for (int i = 0; i < 20; ++i)
+    v.push_back(0.0f);
+  for (int i = 0; i < 50; ++i)
+    v.push_back(0.25f);
+  for (int i = 0; i < 86; ++i)
+    v.push_back(std::nextafter(0.5f, 0.0f) + i * 1e-7f);
+  std::sort(v.begin(), v.end());
+  return codebook::from_values(v.data(), 256);
+}
+
+const std::vector<named_codebook>& all_codebooks() {
+  static const std::vector<named_codebook> all = {
+      {"dynamic_signed", codebook::dynamic_tree(true)},
+      {"dynamic_unsigned", codebook::dynamic_tree(false)},
+      {"linear_signed", codebook::linear(true)},
+      {"linear_unsigned", codebook::linear(false)},
+      {"e4m3fn", codebook::from_format(emu::e4m3fn)},
+      {"e2m1fn", codebook::from_format(emu::e2m1fn)},
+      {"odd_user", odd_user_codebook()},
+  };
+  return all;
+}
+
+// float -> float16 / bfloat16 bits and back (the inputs of those dtypes are what they hold).
+std::uint16_t to_half_bits(float x, bool bf16) {
+  return static_cast<std::uint16_t>(
+      emu::encode(bf16 ? emu::bfloat16 : emu::float16, x, emu::policy{}, 0));
+}
+float from_half_bits(std::uint16_t b, bool bf16) {
+  return emu::decode<float>(bf16 ? emu::bfloat16 : emu::float16, b);
+}
+
+// Block values: a random scale, random magnitudes (some tiny relative to the block's largest,
+// exercising subnormal quotients), zeros, exact codebook multiples (ties and exact hits), and
+// rarely NaN/Inf.
+std::vector<float> block_values(std::size_t n, bool specials, const codebook& cb) {
+  std::vector<float> v(n);
+  const int e0 = *rc::gen::inRange(-40, 40);
+  const float a =
+      std::ldexp(1.0f + static_cast<float>(*rc::gen::inRange(0, 1 << 10)) / 1024.0f, e0);
+  for (auto& x : v) {
+    const int k = *rc::gen::inRange(0, 100);
+    if (specials && k < 2)
+      x = std::numeric_limits<float>::quiet_NaN();
+    else if (specials && k < 3)
+      x = (k & 1) ? std::numeric_limits<float>::infinity()
+                  : -std::numeric_limits<float>::infinity();
+    else if (k < 10)
+      x = (k & 1) ? -0.0f : 0.0f;
+    else if (k < 30) { // a midpoint of two neighbours, times a (often exact: ties)
+      const int j = *rc::gen::inRange(0, 255);
+      x = (cb[j] * 0.5f + cb[j + 1] * 0.5f) * a;
+    } else if (k < 40) {
+      x = cb[*rc::gen::inRange(0, 256)] * a;
+    } else
+      x = std::ldexp(static_cast<float>(*rc::gen::inRange(-(1 << 24), 1 << 24)),
+                     e0 - 24 + *rc::gen::inRange(-30, 1));
+  }
+  if (*rc::gen::inRange(0, 4) != 0 && n > 0)
+    v[*rc::gen::inRange<std::size_t>(0, n)] = a; // |x| <= a
+  return v;
+}
+
+const std::vector<std::int64_t> blocks = {64, 128, 256, 512, 1024, 2048, 4096};
+
+// Runs the twin on x (as dtype `dt`); returns codes and absmax, and the float values it read.
+struct run_result {
+  std::vector<float> xf; // the values as float (what the twin loads)
+  std::vector<std::uint8_t> codes;
+  std::vector<float> absmax;
+};
+
+run_result run_twin(const std::vector<float>& x, dtype dt, const codebook& cb,
+                    const kernels::blockwise_config& cfg) {
+  const auto n = static_cast<std::int64_t>(x.size());
+  run_result r;
+  r.codes.assign(x.size(), 0xAB);
+  r.absmax.assign(static_cast<std::size_t>(kernels::blockwise_blocks(n, cfg.block)), -7.0f);
+  std::vector<std::uint16_t> h(x.size());
+  const void* data = x.data();
+  r.xf = x;
+  if (dt != dtype::float32) {
+    const bool bf = dt == dtype::bfloat16;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      h[i] = to_half_bits(x[i], bf);
+      r.xf[i] = from_half_bits(h[i], bf);
+    }
+    data = h.data();
+  }
+  kernels::quantize_blockwise(tensor_view::contiguous(data, dt, {n}),
+                              tensor_view::contiguous(r.codes.data(), dtype::uint8, {n}),
+                              tensor_view::contiguous(r.absmax.data(), dtype::float32,
+                                                      {static_cast<std::int64_t>(r.absmax.size())}),
+                              cb, cfg);
+  return r;
+}
+
+TEST(blockwise, twin_nearest_index_within_derived_bound_of_reference) {
+  check_property("blockwise_twin_vs_reference", 60, [] {
+    const auto& all = all_codebooks();
+    const auto& nc = *rc::gen::elementOf(all);
+    const ref::exact_codebook ecb(values_of(nc.cb));
+    kernels::blockwise_config cfg;
+    cfg.block = *rc::gen::elementOf(blocks);
+    const dtype dt =
+        *rc::gen::element(dtype::float32, dtype::float32, dtype::float16, dtype::bfloat16);
+    // up to three blocks, the last usually partial; shorter for the long blocks
+    const std::int64_t n =
+        *rc::gen::inRange<std::int64_t>(1, std::min<std::int64_t>(3 * cfg.block, 700));
+    const bool specials = *rc::gen::inRange(0, 4) == 0;
+    std::vector<float> x;
+    for (std::int64_t b = 0; b < kernels::blockwise_blocks(n, cfg.block); ++b) {
+      const auto len = static_cast<std::size_t>(std::min(cfg.block, n - b * cfg.block));
+      const auto part = block_values(len, specials, nc.cb);
+      x.insert(x.end(), part.begin(), part.end());
+    }
+    const run_result r = run_twin(x, dt, nc.cb, cfg);
+    const int zero_idx = ref::nearest_entry(ecb, rational(0));
+    const rational u = rational(1, ref::integer(1) << 24);
+    const rational tiny = rational(1, ref::integer(1) << 150);
+    for (std::int64_t b = 0; b < static_cast<std::int64_t>(r.absmax.size()); ++b) {
+      const std::int64_t i0 = b * cfg.block, i1 = std::min(n, i0 + cfg.block);
+      bool poison = false;
+      float amax = 0.0f;
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const float v = r.xf[static_cast<std::size_t>(i)];
+        if (!std::isfinite(v))
+          poison = true;
+        else
+          amax = std::max(amax, std::fabs(v));
+      }
+      const float stored = r.absmax[static_cast<std::size_t>(b)];
+      if (poison) {
+        RC_ASSERT(std::isnan(stored));
+        for (std::int64_t i = i0; i < i1; ++i)
+          RC_ASSERT(r.codes[static_cast<std::size_t>(i)] == zero_idx);
+        continue;
+      }
+      RC_ASSERT(bits_of(stored) == bits_of(amax));
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const float xi = r.xf[static_cast<std::size_t>(i)];
+        const int twin = r.codes[static_cast<std::size_t>(i)];
+        if (amax == 0.0f) {
+          RC_ASSERT(twin == zero_idx);
+          continue;
+        }
+        // Exact given the float quotient.
+        const float t = xi / amax;
+        const int at_t = ref::nearest_entry(ecb, exact_of(t));
+        if (twin != at_t)
+          RC_FAIL(nc.name + ": element " + std::to_string(i) + " t " + describe_input(t) +
+                  ": twin " + std::to_string(twin) + ", reference " + std::to_string(at_t));
+        // Within the derived bound of the exact quotient.
+        const rational y = exact_of(xi) / exact_of(amax);
+        const int at_y = ref::nearest_entry(ecb, y);
+        if (twin == at_y)
+          continue;
+        rational e = abs(y) * u;
+        if (e < tiny)
+          e = tiny;
+        const int lo = ref::nearest_entry(ecb, y - e), hi = ref::nearest_entry(ecb, y + e);
+        if (lo == hi || twin < std::min(lo, hi) || twin > std::max(lo, hi))
+          RC_FAIL(nc.name + ": element " + std::to_string(i) + " x " + describe_input(xi) +
+                  " absmax " + describe_input(amax) + ": twin " + std::to_string(twin) +
+                  ", exact " + std::to_string(at_y) + ", band ends " + std::to_string(lo) + "/" +
+                  std::to_string(hi));
+      }
+    }
+  });
+}
+
+TEST(blockwise, twin_stochastic_picks_a_neighbour_of_the_reference_bracket) {
+  check_property("blockwise_stochastic_bracket", 40, [] {
+    const auto& all = all_codebooks();
+    const auto& nc = *rc::gen::elementOf(all);
+    const ref::exact_codebook ecb(values_of(nc.cb));
+    kernels::blockwise_config cfg;
+    cfg.block = *rc::gen::element<std::int64_t>(64, 256);
+    cfg.rounding = kernels::codebook_rounding::stochastic;
+    cfg.rng = {*rc::gen::arbitrary<std::uint64_t>(), *rc::gen::arbitrary<std::uint64_t>()};
+    const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 400);
+    std::vector<float> x;
+    for (std::int64_t b = 0; b < kernels::blockwise_blocks(n, cfg.block); ++b) {
+      const auto part = block_values(
+          static_cast<std::size_t>(std::min(cfg.block, n - b * cfg.block)), false, nc.cb);
+      x.insert(x.end(), part.begin(), part.end());
+    }
+    const run_result r = run_twin(x, dtype::float32, nc.cb, cfg);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float a = r.absmax[static_cast<std::size_t>(i / cfg.block)];
+      const float t =
+          a == 0.0f ? x[static_cast<std::size_t>(i)] : x[static_cast<std::size_t>(i)] / a;
+      const auto br = ref::bracket_entries(ecb, exact_of(t));
+      const int twin = r.codes[static_cast<std::size_t>(i)];
+      const int want_lo = std::max(br.lo, 0), want_hi = std::min(br.hi, 255);
+      const bool exact_hit = br.lo >= 0 && ecb.c[static_cast<std::size_t>(br.lo)] == exact_of(t);
+      if (br.lo < 0 || br.hi > 255 || exact_hit)
+        RC_ASSERT(twin == (br.lo < 0 ? 0 : br.lo)); // clamped, or on an entry: no randomness
+      else
+        RC_ASSERT(twin == want_lo || twin == want_hi);
+    }
+  });
+}
+
+TEST(blockwise, stochastic_rounding_is_unbiased) {
+  // Between two neighbours lo < t < hi the expected dequantized value is t. 2^16 elements of one
+  // value (absmax fixed by a leading 1.0): the mean must be within 5 standard errors of t.
+  const codebook cb = codebook::dynamic_tree(true);
+  for (float t : {0.3f, 0.01234f, -0.777f, 0.9951f}) {
+    const std::int64_t n = 1 << 16;
+    std::vector<float> x(static_cast<std::size_t>(n), t);
+    for (std::int64_t b = 0; b < n; b += 64)
+      x[static_cast<std::size_t>(b)] = 1.0f;
+    kernels::blockwise_config cfg;
+    cfg.block = 64;
+    cfg.rounding = kernels::codebook_rounding::stochastic;
+    cfg.rng = {1234, 5};
+    const run_result r = run_twin(x, dtype::float32, cb, cfg);
+    const auto j = static_cast<std::size_t>(
+        std::upper_bound(cb.values().begin(), cb.values().end(), t) - cb.values().begin());
+    const double lo = cb[static_cast<int>(j - 1)], hi = cb[static_cast<int>(j)];
+    double sum = 0;
+    std::int64_t cnt = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (i % 64 == 0)
+        continue;
+      const double v = cb[r.codes[static_cast<std::size_t>(i)]];
+      ASSERT_TRUE(v == lo || v == hi) << v;
+      sum += v;
+      ++cnt;
+    }
+    const double mean = sum / static_cast<double>(cnt);
+    const double p = (t - lo) / (hi - lo);
+    const double se = (hi - lo) * std::sqrt(p * (1 - p) / static_cast<double>(cnt));
+    EXPECT_NEAR(mean, t, 5 * se + 1e-12) << "t " << t;
+  }
+}
+
+TEST(blockwise, dequantize_then_quantize_is_idempotent) {
+  check_property("blockwise_idempotent", 60, [] {
+    const auto& all = all_codebooks();
+    const auto& nc = *rc::gen::elementOf(all);
+    kernels::blockwise_config cfg;
+    cfg.block = *rc::gen::elementOf(blocks);
+    const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 600);
+    std::vector<float> x;
+    for (std::int64_t b = 0; b < kernels::blockwise_blocks(n, cfg.block); ++b) {
+      const auto part = block_values(
+          static_cast<std::size_t>(std::min(cfg.block, n - b * cfg.block)), false, nc.cb);
+      x.insert(x.end(), part.begin(), part.end());
+    }
+    const run_result r1 = run_twin(x, dtype::float32, nc.cb, cfg);
+    std::vector<float> y(x.size()), y2(x.size());
+    const auto nb = static_cast<std::int64_t>(r1.absmax.size());
+    kernels::dequantize_blockwise(tensor_view::contiguous(r1.codes.data(), dtype::uint8, {n}),
+                                  tensor_view::contiguous(r1.absmax.data(), dtype::float32, {nb}),
+                                  tensor_view::contiguous(y.data(), dtype::float32, {n}), nc.cb,
+                                  cfg.block);
+    const run_result r2 = run_twin(y, dtype::float32, nc.cb, cfg);
+    kernels::dequantize_blockwise(tensor_view::contiguous(r2.codes.data(), dtype::uint8, {n}),
+                                  tensor_view::contiguous(r2.absmax.data(), dtype::float32, {nb}),
+                                  tensor_view::contiguous(y2.data(), dtype::float32, {n}), nc.cb,
+                                  cfg.block);
+    // Where the block's absmax survives the round trip (its largest element maps to an entry of
+    // magnitude 1), the second round trip reproduces the first bit for bit.
+    std::int64_t compared = 0;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      if (bits_of(r1.absmax[static_cast<std::size_t>(b)]) !=
+          bits_of(r2.absmax[static_cast<std::size_t>(b)]))
+        continue;
+      ++compared;
+      for (std::int64_t i = b * cfg.block; i < std::min(n, (b + 1) * cfg.block); ++i)
+        if (bits_of(y[static_cast<std::size_t>(i)]) != bits_of(y2[static_cast<std::size_t>(i)]) &&
+            !(y[static_cast<std::size_t>(i)] == 0 && y2[static_cast<std::size_t>(i)] == 0))
+          RC_FAIL(nc.name + ": element " + std::to_string(i) + " " +
+                  describe_input(y[static_cast<std::size_t>(i)]) + " -> " +
+                  describe_input(y2[static_cast<std::size_t>(i)]));
+    }
+    RC_CLASSIFY(compared > 0, "blocks compared");
+  });
+}
+
+TEST(blockwise, zero_nan_inf_and_partial_blocks) {
+  const codebook cb = codebook::dynamic_tree(true);
+  const int zero_code = 127; // the signed dynamic map's 0
+  ASSERT_EQ(cb[zero_code], 0.0f);
+  const std::int64_t n = 64 * 3 + 8;
+  std::vector<float> x(static_cast<std::size_t>(n), 0.0f);
+  for (int i = 64; i < 128; ++i)
+    x[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i - 96);
+  x[70] = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 128; i < 192; ++i)
+    x[static_cast<std::size_t>(i)] = -0.25f;
+  x[130] = std::numeric_limits<float>::infinity();
+  for (int i = 192; i < n; ++i)
+    x[static_cast<std::size_t>(i)] = static_cast<float>(i - 190); // 2..9
+  kernels::blockwise_config cfg;
+  cfg.block = 64;
+  const run_result r = run_twin(x, dtype::float32, cb, cfg);
+  ASSERT_EQ(r.absmax.size(), 4u);
+  EXPECT_EQ(r.absmax[0], 0.0f);         // all zeros: absmax 0, codes of 0
+  EXPECT_TRUE(std::isnan(r.absmax[1])); // NaN inside
+  EXPECT_TRUE(std::isnan(r.absmax[2])); // Inf inside
+  EXPECT_EQ(r.absmax[3], 9.0f);         // partial block: its own 8 elements
+  for (int i = 0; i < 192; ++i)
+    EXPECT_EQ(r.codes[static_cast<std::size_t>(i)], zero_code) << i;
+  EXPECT_EQ(r.codes[199], 255); // 9 / 9 = 1
+  std::vector<float> y(static_cast<std::size_t>(n));
+  kernels::dequantize_blockwise(tensor_view::contiguous(r.codes.data(), dtype::uint8, {n}),
+                                tensor_view::contiguous(r.absmax.data(), dtype::float32, {4}),
+                                tensor_view::contiguous(y.data(), dtype::float32, {n}), cb, 64);
+  for (int i = 0; i < 64; ++i)
+    EXPECT_EQ(bits_of(y[static_cast<std::size_t>(i)]), 0u);
+  for (int i = 64; i < 192; ++i)
+    EXPECT_EQ(bits_of(y[static_cast<std::size_t>(i)]), 0x7FC00000u);
+  EXPECT_EQ(y[199], 9.0f);
+  // Empty input: nothing written, no blocks.
+  std::vector<float> none;
+  EXPECT_NO_THROW(
+      kernels::quantize_blockwise(tensor_view::contiguous(none.data(), dtype::float32, {0}),
+                                  tensor_view::contiguous(none.data(), dtype::uint8, {0}),
+                                  tensor_view::contiguous(none.data(), dtype::float32, {0}), cb));
+}
+
+TEST(blockwise, argument_errors) {
+  const codebook cb = codebook::linear(true);
+  std::vector<float> x(100), a(2);
+  std::vector<std::uint8_t> c(100);
+  const auto xv = tensor_view::contiguous(x.data(), dtype::float32, {100});
+  const auto cv = tensor_view::contiguous(c.data(), dtype::uint8, {100});
+  kernels::blockwise_config cfg;
+  cfg.block = 100;
+  expect_error_containing(
+      [&] {
+        kernels::quantize_blockwise(xv, cv, tensor_view::contiguous(a.data(), dtype::float32, {1}),
+                                    cb, cfg);
+      },
+      "block: must be one of 64");
+  cfg.block = 64;
+  expect_error_containing(
+      [&] {
+        kernels::quantize_blockwise(xv, cv, tensor_view::contiguous(a.data(), dtype::float32, {1}),
+                                    cb, cfg);
+      },
+      "absmax: expected 2 elements");
+  expect_error_containing(
+      [&] {
+        kernels::quantize_blockwise(xv, tensor_view::contiguous(c.data(), dtype::int8, {100}),
+                                    tensor_view::contiguous(a.data(), dtype::float32, {2}), cb,
+                                    cfg);
+      },
+      "codes: dtype int8");
+  expect_error_containing(
+      [&] {
+        kernels::quantize_blockwise(xv, tensor_view::contiguous(c.data(), dtype::uint8, {99}),
+                                    tensor_view::contiguous(a.data(), dtype::float32, {2}), cb,
+                                    cfg);
+      },
+      "codes: expected 100 elements");
+  tensor_view strided = xv;
+  strided.shape[0] = 50;
+  strided.strides[0] = 2;
+  expect_error_containing(
+      [&] {
+        kernels::quantize_blockwise(strided, tensor_view::contiguous(c.data(), dtype::uint8, {50}),
+                                    tensor_view::contiguous(a.data(), dtype::float32, {1}), cb,
+                                    cfg);
+      },
+      "contiguous");
+  std::vector<float> q(5000);
+  expect_error_containing(
+      [&] {
+        kernels::estimate_quantiles(xv, tensor_view::contiguous(q.data(), dtype::float32, {5000}));
+      },
+      "1..4096");
+  expect_error_containing(
+      [&] {
+        kernels::estimate_quantiles(tensor_view::contiguous(x.data(), dtype::float32, {0}),
+                                    tensor_view::contiguous(q.data(), dtype::float32, {4}));
+      },
+      "empty");
+}
+
+TEST(blockwise, nested_absmax_is_blockwise_quantization_of_the_absmax) {
+  const codebook cb = codebook::dynamic_tree(true);
+  const kernels::nested_absmax proto; // default nested codebook: unsigned dynamic tree
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> nd;
+  const std::int64_t block = 64, n = 64 * 600 + 5; // 601 blocks: 3 nested blocks, the last partial
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (auto& v : x)
+    v = nd(gen) * 3.0f;
+  for (int i = 0; i < 64; ++i)
+    x[static_cast<std::size_t>(64 * 300 + i)] = 0.0f;        // a zero block
+  x[64 * 450 + 3] = std::numeric_limits<float>::quiet_NaN(); // a poisoned one
+  const std::int64_t nb = kernels::blockwise_blocks(n, block),
+                     nb2 = kernels::blockwise_blocks(nb, 256);
+  kernels::blockwise_config cfg;
+  cfg.block = block;
+  const run_result plain = run_twin(x, dtype::float32, cb, cfg);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(n)), c2(static_cast<std::size_t>(nb));
+  std::vector<float> a2(static_cast<std::size_t>(nb2));
+  kernels::nested_absmax nested{tensor_view::contiguous(c2.data(), dtype::uint8, {nb}),
+                                tensor_view::contiguous(a2.data(), dtype::float32, {nb2}),
+                                proto.cb};
+  kernels::quantize_blockwise_nested(tensor_view::contiguous(x.data(), dtype::float32, {n}),
+                                     tensor_view::contiguous(codes.data(), dtype::uint8, {n}),
+                                     nested, cb, cfg);
+  EXPECT_EQ(codes, plain.codes); // elements use the exact absmax
+  kernels::blockwise_config cfg2;
+  cfg2.block = 256;
+  const run_result of_absmax = run_twin(plain.absmax, dtype::float32, proto.cb, cfg2);
+  EXPECT_EQ(c2, of_absmax.codes);
+  for (std::int64_t g = 0; g < nb2; ++g)
+    EXPECT_EQ(bits_of(a2[static_cast<std::size_t>(g)]),
+              bits_of(of_absmax.absmax[static_cast<std::size_t>(g)]));
+  EXPECT_TRUE(std::isnan(a2[1])); // block 450 is in nested block 1: poisoned
+  std::vector<float> y(static_cast<std::size_t>(n));
+  kernels::dequantize_blockwise_nested(
+      tensor_view::contiguous(codes.data(), dtype::uint8, {n}), nested,
+      tensor_view::contiguous(y.data(), dtype::float32, {n}), cb, block);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t b = i / block;
+    float a = proto.cb[c2[static_cast<std::size_t>(b)]] * a2[static_cast<std::size_t>(b / 256)];
+    if (std::isnan(a))
+      a = std::numeric_limits<float>::quiet_NaN();
+    float want = cb[codes[static_cast<std::size_t>(i)]] * a;
+    if (std::isnan(want))
+      want = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_EQ(bits_of(y[static_cast<std::size_t>(i)]), bits_of(want)) << i;
+  }
+  // Relative error of the reconstructed absmax (finite nested blocks): a few percent at most with
+  // the unsigned dynamic map.
+  double worst = 0;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float a = plain.absmax[static_cast<std::size_t>(b)];
+    if (!(a > 0) || std::isnan(a2[static_cast<std::size_t>(b / 256)]))
+      continue;
+    const double r =
+        proto.cb[c2[static_cast<std::size_t>(b)]] * a2[static_cast<std::size_t>(b / 256)];
+    worst = std::max(worst, std::fabs(r - a) / a);
+  }
+  std::printf("nested absmax (unsigned dynamic map, Gaussian data): worst relative error %.4g\n",
+              worst);
+  EXPECT_LT(worst, 0.05);
+}
+
+// ---- SRAM-quantiles
+// ------------------------------------------------------------------------------
+
+std::vector<float> estimate(const std::vector<float>& x, int k) {
+  std::vector<float> q(static_cast<std::size_t>(k));
+  kernels::estimate_quantiles(
+      tensor_view::contiguous(x.data(), dtype::float32, {static_cast<std::int64_t>(x.size())}),
+      tensor_view::contiguous(q.data(), dtype::float32, {k}));
+  return q;
+}
+
+TEST(sram_quantiles, one_chunk_gives_the_exact_quantiles) {
+  check_property("sram_quantiles_one_chunk", 100, [] {
+    const auto n = *rc::gen::inRange<std::size_t>(1, 4097);
+    const int k = *rc::gen::element(1, 7, 255, 256, 1000);
+    std::vector<float> x(n);
+    for (auto& v : x)
+      v = std::ldexp(static_cast<float>(*rc::gen::inRange(-1000, 1001)),
+                     *rc::gen::inRange(-10, 10));
+    const auto q = estimate(x, k);
+    const auto want = ref::exact_quantiles(std::vector<double>(x.begin(), x.end()), k);
+    for (int i = 0; i < k; ++i)
+      RC_ASSERT(static_cast<double>(q[static_cast<std::size_t>(i)]) ==
+                want[static_cast<std::size_t>(i)]);
+  });
+}
+
+TEST(sram_quantiles, estimate_is_the_weighted_mean_of_chunk_quantiles) {
+  // An independent recomputation from the definition (chunk quantiles by the reference's exact
+  // sort, weighted mean in double in chunk order).
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> nd;
+  std::vector<float> x(3 * 4096 + 1000);
+  for (auto& v : x)
+    v = static_cast<float>(nd(gen));
+  const int k = 256;
+  const auto q = estimate(x, k);
+  std::vector<double> acc(k, 0.0);
+  for (std::size_t c0 = 0; c0 < x.size(); c0 += 4096) {
+    const std::size_t c1 = std::min(x.size(), c0 + 4096);
+    const auto cq =
+        ref::exact_quantiles(std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(c0),
+                                                 x.begin() + static_cast<std::ptrdiff_t>(c1)),
+                             k);
+    for (int i = 0; i < k; ++i)
+      acc[static_cast<std::size_t>(i)] +=
+          static_cast<double>(c1 - c0) * cq[static_cast<std::size_t>(i)];
+  }
+  for (int i = 0; i < k; ++i)
+    EXPECT_EQ(q[static_cast<std::size_t>(i)],
+              static_cast<float>(acc[static_cast<std::size_t>(i)] / static_cast<double>(x.size())))
+        << i;
+  // Deterministic across thread counts.
+  std::vector<float> q1(static_cast<std::size_t>(k));
+  kernels::estimate_quantiles(
+      tensor_view::contiguous(x.data(), dtype::float32, {static_cast<std::int64_t>(x.size())}),
+      tensor_view::contiguous(q1.data(), dtype::float32, {k}), kernels::exec{1, nullptr});
+  EXPECT_EQ(q, q1);
+}
+
+// Rank error of an estimate v of quantile p: |F(v) - p| with the mid-rank empirical CDF
+// F(v) = (#{x < v} + #{x <= v}) / 2n of the sorted data s.
+double rank_error(const std::vector<float>& s, float v, double p) {
+  const auto lt = std::lower_bound(s.begin(), s.end(), v) - s.begin();
+  const auto le = std::upper_bound(s.begin(), s.end(), v) - s.begin();
+  const double f =
+      (static_cast<double>(lt) + static_cast<double>(le)) / (2.0 * static_cast<double>(s.size()));
+  return std::fabs(f - p);
+}
+
+TEST(sram_quantiles, measured_rank_error) {
+  const std::int64_t n = 1 << 20;
+  const int k = 256;
+  struct dist {
+    const char* name;
+    std::function<float(std::mt19937_64&)> draw;
+    double bound_max; // asserted: measured values with a margin (docs/techniques/sram-quantiles.md)
+  };
+  const std::vector<dist> dists = {
+      {"gaussian",
+       [](std::mt19937_64& g) { return static_cast<float>(std::normal_distribution<double>()(g)); },
+       0.001},
+      {"uniform",
+       [](std::mt19937_64& g) {
+         return static_cast<float>(std::uniform_real_distribution<double>(-1, 1)(g));
+       },
+       0.001},
+      {"student_t3",
+       [](std::mt19937_64& g) {
+         return static_cast<float>(std::student_t_distribution<double>(3)(g));
+       },
+       0.001},
+      {"gaussian_outliers",
+       [](std::mt19937_64& g) {
+         const double v = std::normal_distribution<double>()(g);
+         return static_cast<float>(std::uniform_real_distribution<double>()(g) < 0.001 ? v * 1000
+                                                                                       : v);
+       },
+       0.0025},
+  };
+  std::printf(
+      "| data (n = 2^20, k = 256) | max rank error | mean rank error | max in ranks | at p |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (const auto& d : dists) {
+    std::mt19937_64 gen(2024);
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (auto& v : x)
+      v = d.draw(gen);
+    const auto q = estimate(x, k);
+    std::vector<float> s = x;
+    std::sort(s.begin(), s.end());
+    // The reference's exact quantiles have rank error <= (1 + ties)/(2n): a sanity check.
+    const auto exact = ref::exact_quantiles(std::vector<double>(x.begin(), x.end()), k);
+    double worst = 0, mean = 0, worst_exact = 0, worst_p = 0;
+    for (int i = 0; i < k; ++i) {
+      const double p = (2.0 * i + 1) / (2.0 * k);
+      const double e = rank_error(s, q[static_cast<std::size_t>(i)], p);
+      if (e > worst)
+        worst_p = p;
+      worst = std::max(worst, e);
+      mean += e / k;
+      worst_exact = std::max(
+          worst_exact, rank_error(s, static_cast<float>(exact[static_cast<std::size_t>(i)]), p));
+    }
+    std::printf("| %s | %.3g | %.3g | %.0f | %.4f |\n", d.name, worst, mean,
+                worst * static_cast<double>(n), worst_p);
+    EXPECT_LE(worst_exact, 8.0 / static_cast<double>(n)) << d.name;
+    EXPECT_LE(worst, d.bound_max) << d.name;
+    // A quantile codebook from the estimate is a valid codebook.
+    std::vector<float> q255 = estimate(x, 255);
+    const codebook cb = codebook::from_quantiles(q255.data(), 255);
+    EXPECT_TRUE(std::is_sorted(cb.values().begin(), cb.values().end()));
+  }
+}
+
+} // namespace
