@@ -26,21 +26,6 @@ namespace {
 
 namespace ops = blockwise_ops;
 
-class scratch {
-public:
-  scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    LOWBIT_CUDA_CHECK(cudaMallocAsync(&p_, bytes < 4 ? 4 : bytes, s));
-  }
-  ~scratch() { cudaFreeAsync(p_, stream_); }
-  scratch(const scratch&) = delete;
-  scratch& operator=(const scratch&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-
-private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 struct codebook_values {
   float v[256];
 };

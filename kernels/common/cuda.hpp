@@ -1,5 +1,5 @@
-// CUDA helpers shared by every kernel: error checks that throw lowbit::error, the launch
-// geometry, device-pointer validation, and aligned vector types for 16-byte memory access.
+// CUDA helpers shared by every kernel: error checks that throw lowbit::error, stream-ordered
+// scratch memory, the launch geometry, device-pointer validation, and aligned vector types for 16-byte memory access.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +23,25 @@ inline void check(cudaError_t err, const char* what, const char* file, int line)
 }
 
 inline cudaStream_t stream_of(const exec& ex) { return static_cast<cudaStream_t>(ex.stream); }
+
+// Stream-ordered scratch memory for the duration of one host call.
+class scratch {
+ public:
+  scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
+    LOWBIT_CUDA_CHECK(cudaMallocAsync(&p_, bytes < 4 ? 4 : bytes, s));
+  }
+  ~scratch() { cudaFreeAsync(p_, stream_); }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();

@@ -24,25 +24,6 @@ using quant_ops::abs_bits;
 
 constexpr int threads = 256;
 
-// Stream-ordered scratch memory.
-class scratch {
- public:
-  scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    LOWBIT_CUDA_CHECK(cudaMallocAsync(&p_, bytes < 4 ? 4 : bytes, s));
-  }
-  ~scratch() { cudaFreeAsync(p_, stream_); }
-  scratch(const scratch&) = delete;
-  scratch& operator=(const scratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 // ---- amax --------------------------------------------------------------------------------------
 
 template <class In>
