@@ -8,7 +8,10 @@ Formats are named ("e4m3fn", "e5m2", "e8m0fnu", ...; see ``lowbit.formats()`` an
 docs/formats.md) or user-defined with :class:`Format`. Casts return codes (uint8, uint16 or
 uint32); :func:`decode` turns codes back into exact float32/float64 values. The rounding rules
 are in docs/rounding.md. :func:`quantize`, :func:`quantize_delayed` and :func:`quantize_mx`
-scale before they round (docs/techniques/quantization.md).
+scale before they round (docs/techniques/quantization.md). :func:`quantize_blockwise` stores
+tensors as 8-bit indices into a 256-entry :class:`Codebook` per block (the 8-bit optimizers'
+state format; docs/techniques/blockwise.md) and :func:`estimate_quantiles` gives SRAM-quantiles
+for quantile codebooks.
 
 Arrays are numpy arrays or DLPack producers (PyTorch CPU/CUDA tensors, CuPy, JAX), read without
 copies; results come back in the caller's array type, CUDA work runs on the caller's current
@@ -16,6 +19,14 @@ stream (docs/python.md).
 """
 
 from lowbit._api import FormatInfo, cast, decode, format_info, formats, parse_format, roundings
+from lowbit._blockwise import (
+    Codebook,
+    NestedAbsmax,
+    dequantize_blockwise,
+    estimate_quantiles,
+    quantile_codebook,
+    quantize_blockwise,
+)
 from lowbit._core import Format
 from lowbit._quantize import (
     Granularity,
@@ -32,20 +43,26 @@ from lowbit._verify import Report, assert_verified, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "Codebook",
     "Format",
     "FormatInfo",
     "Granularity",
+    "NestedAbsmax",
     "Report",
     "assert_verified",
     "cast",
     "cast_scaled",
     "decode",
     "dequantize",
+    "dequantize_blockwise",
     "dequantize_mx",
+    "estimate_quantiles",
     "format_info",
     "formats",
     "parse_format",
+    "quantile_codebook",
     "quantize",
+    "quantize_blockwise",
     "quantize_delayed",
     "quantize_mx",
     "roundings",

@@ -162,6 +162,63 @@ def cuda_available() -> bool: ...
 def cuda_built() -> bool: ...
 def _throw(kind: str, what: str) -> None: ...
 
+# ---- block-wise quantization (python/src/blockwise.cpp) ----
+# Codebooks are passed and returned as their 256 float32 values (numpy arrays).
+
+def codebook_dynamic_tree(signed: bool) -> Any: ...
+def codebook_linear(signed: bool) -> Any: ...
+def codebook_from_format(fmt: _FormatLike) -> Any: ...
+def codebook_from_quantiles(q: _Array) -> Any: ...
+def codebook_from_values(v: _Array) -> Any: ...
+def is_blockwise_block(block: int) -> bool: ...
+def quantize_blockwise(
+    x: _Array,
+    codebook: _Array,
+    block: int,
+    rounding: str,
+    seed: int,
+    offset: int,
+    codes: _Array,
+    absmax: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def quantize_blockwise_nested(
+    x: _Array,
+    codebook: _Array,
+    nested_codebook: _Array,
+    block: int,
+    rounding: str,
+    seed: int,
+    offset: int,
+    codes: _Array,
+    absmax_codes: _Array,
+    absmax2: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def dequantize_blockwise(
+    codes: _Array,
+    absmax: _Array,
+    codebook: _Array,
+    block: int,
+    out: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def dequantize_blockwise_nested(
+    codes: _Array,
+    absmax_codes: _Array,
+    absmax2: _Array,
+    codebook: _Array,
+    nested_codebook: _Array,
+    block: int,
+    out: _Array,
+    threads: int,
+    stream: int,
+) -> None: ...
+def estimate_quantiles(x: _Array, out: _Array, threads: int, stream: int) -> None: ...
+
 # ---- verify (python/src/verify.cpp) ----
 
 class VerifyElement:

@@ -3,7 +3,7 @@
 The report is a list of sections (SECTIONS). A section is a function of the shared Context that
 returns a SectionResult: rows (the JSON record), the text it prints, points for the
 error-versus-speed plot and, optionally, its own plots. Later techniques (row-wise and block
-quantization, codebooks, optimizers) join by appending a Section; the driver (run_report) prints,
+quantization, optimizers) join by appending a Section; the driver (run_report) prints,
 plots and writes JSON for all of them alike. docs/report.md describes every number.
 
 Error metrics are computed in float64 from decoded values, chunk by chunk: a 4M-element float64
@@ -552,10 +552,121 @@ def _cast_points(rows: list[dict[str, Any]], ctx: Context) -> list[Point]:
     return points
 
 
+# ---- section: block-wise codebook quantization -------------------------------------------------
+
+BLOCKWISE_BLOCKS = (256, 2048)
+BLOCKWISE_CODEBOOK = "dynamic"
+
+
+def blockwise_errors(x: np.ndarray, back: np.ndarray, absmax: np.ndarray,
+                     block: int) -> dict[str, Any]:
+    """Error statistics of a block-wise round trip: ``back`` (float32, dequantized) against the
+    float32 input ``x``, relative to each value (over the nonzero ones) and to its block's
+    absmax, in float64, chunk by chunk (CHUNK is a multiple of every block length)."""
+    n = x.size
+    a_all = np.asarray(absmax, np.float64)
+    sums = {"rel": 0.0, "sq": 0.0, "signed": 0.0, "abs_a": 0.0}
+    max_rel = max_abs_a = 0.0
+    nonzero = flushed = 0
+    for start in range(0, n, CHUNK):
+        xs = x[start:start + CHUNK].astype(np.float64)
+        d = back[start:start + CHUNK].astype(np.float64)
+        a = np.repeat(a_all[start // block:(start + xs.size - 1) // block + 1], block)
+        a = a[:xs.size]
+        diff = d - xs
+        with np.errstate(divide="ignore", invalid="ignore"):
+            err_a = np.where(a > 0, np.abs(diff) / a, 0.0)
+        sums["abs_a"] += float(err_a.sum())
+        max_abs_a = max(max_abs_a, float(err_a.max(initial=0.0)))
+        keep = xs != 0
+        nonzero += int(np.count_nonzero(keep))
+        flushed += int(np.count_nonzero(keep & (d == 0)))
+        rel = diff[keep] / xs[keep]
+        sums["signed"] += float(rel.sum())
+        np.abs(rel, out=rel)
+        sums["rel"] += float(rel.sum())
+        max_rel = max(max_rel, float(rel.max(initial=0.0)))
+        sums["sq"] += float(np.square(rel).sum())
+    m = max(nonzero, 1)
+    return {
+        "n": nonzero,
+        "zeros_excluded": n - nonzero,
+        "max_rel_err": max_rel,
+        "mean_rel_err": sums["rel"] / m,
+        "rms_rel_err": (sums["sq"] / m) ** 0.5,
+        "mean_signed_rel_err": sums["signed"] / m,
+        "mean_err_over_absmax": sums["abs_a"] / max(n, 1),
+        "max_err_over_absmax": max_abs_a,
+        "flushed": flushed / m,
+        "flushed_count": flushed,
+    }
+
+
+def blockwise_section(ctx: Context) -> SectionResult:
+    """Block-wise quantization with the dynamic tree map (blocks of 256 and 2048, nearest entry)
+    on every workload: round-trip error, and on the gaussian workload the CPU throughput of
+    quantize and dequantize."""
+    threads_label = f"{ctx.threads}T" if ctx.threads else f"{os.cpu_count()}T (all)"
+    rows: list[dict[str, Any]] = []
+    for w in ctx.workloads:
+        for block in BLOCKWISE_BLOCKS:
+            codes, absmax = lowbit.quantize_blockwise(w.values, BLOCKWISE_CODEBOOK, block,
+                                                      threads=ctx.threads)
+            back = lowbit.dequantize_blockwise(codes, absmax, BLOCKWISE_CODEBOOK, block,
+                                               threads=ctx.threads)
+            row: dict[str, Any] = {
+                "workload": w.name, "codebook": BLOCKWISE_CODEBOOK, "block": block,
+                "rounding": "nearest", "bits_per_value": 8 + 32 / block,
+                **blockwise_errors(w.values, back, absmax, block),
+                "quantize_1t": None, "quantize_nt": None, "dequantize_1t": None,
+                "threads": ctx.threads,
+            }
+            if w.name == "gaussian":
+                x, cb = w.values, BLOCKWISE_CODEBOOK
+
+                def rate(fn: Callable[[], Any]) -> float:
+                    return x.size / median_time(fn) / 1e6
+
+                row["quantize_1t"] = rate(lambda: lowbit.quantize_blockwise(x, cb, block,
+                                                                            threads=1))
+                row["quantize_nt"] = rate(lambda: lowbit.quantize_blockwise(
+                    x, cb, block, threads=ctx.threads))
+                row["dequantize_1t"] = rate(lambda: lowbit.dequantize_blockwise(
+                    codes, absmax, cb, block, threads=1))
+            rows.append(row)
+        ctx.progress(f"blockwise: {w.name}")
+    columns = [
+        Column("workload", lambda r: r["workload"], left=True),
+        Column("block", lambda r: str(r["block"])),
+        Column("bits/value", lambda r: f"{r['bits_per_value']:.3f}"),
+        Column("max rel", lambda r: _sci(r["max_rel_err"])),
+        Column("mean rel", lambda r: _sci(r["mean_rel_err"])),
+        Column("rms rel", lambda r: _sci(r["rms_rel_err"])),
+        Column("mean err/absmax", lambda r: _sci(r["mean_err_over_absmax"])),
+        Column("flush %", lambda r: _small_percent(r["flushed"])),
+        Column("quantize 1T", lambda r: _rate(r["quantize_1t"])),
+        Column(f"quantize {threads_label}", lambda r: _rate(r["quantize_nt"])),
+        Column("dequantize 1T", lambda r: _rate(r["dequantize_1t"])),
+    ]
+    notes = [
+        "lowbit.quantize_blockwise with the signed dynamic tree map, nearest entry: codes (8 "
+        "bits) and one float32 absmax per block; errors of the dequantized float32 values "
+        "against the input, in float64, relative to each nonzero value and to its block's absmax",
+        f"M values/s on the gaussian workload, median of {TIMING_RUNS} runs after a warm-up "
+        "(quantize: codes and absmax; dequantize: float32 values)",
+    ]
+    points = [Point(f"blockwise {r['block']} (dynamic)", r["quantize_1t"], r["mean_rel_err"])
+              for r in rows if r["workload"] == "gaussian" and r["mean_rel_err"] > 0]
+    text = "\n".join([f"note: {note}" for note in notes] + [""] + render_table(columns, rows))
+    return SectionResult(rows=rows, text=text, points=points, notes=notes)
+
+
 SECTIONS: list[Section] = [
     Section("casts", "Per-tensor scaled casts: error of every format and rounding mode",
             casts_section),
     Section("throughput", "CPU cast throughput", throughput_section),
+    Section("blockwise", "Block-wise codebook quantization (dynamic map): error and CPU "
+            "throughput", blockwise_section),
 ]
 
 

@@ -8,5 +8,7 @@ namespace lowbit::python {
 
 // lowbit._core.verify and the report classes (python/src/verify.cpp).
 void bind_verify(pybind11::module_& m);
+// Block-wise codebook quantization and SRAM-quantiles (python/src/blockwise.cpp).
+void bind_blockwise(pybind11::module_& m);
 
 } // namespace lowbit::python

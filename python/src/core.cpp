@@ -1,7 +1,8 @@
 // lowbit._core: the compiled half of the Python package. It binds emu's formats and the host
 // APIs of the cast and quantization kernels over numpy arrays and DLPack tensors (views without
-// copies; the C++ takes strides; dlpack.hpp has the exchange ABI). The public, documented
-// functions live in the pure-Python package (lowbit/_api.py, lowbit/_quantize.py), which
+// copies; the C++ takes strides; dlpack.hpp has the exchange ABI; arrays.hpp declares the array
+// intake defined here, which blockwise.cpp uses too). The public, documented functions live in
+// the pure-Python package (lowbit/_api.py, lowbit/_quantize.py, lowbit/_blockwise.py), which
 // normalizes inputs, allocates results in the caller's array library and forwards here; argument
 // checking happens here so that both layers give the same messages.
 #include <pybind11/numpy.h>
@@ -25,16 +26,17 @@
 #include <lowbit/kernels/quantize.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
+#include "arrays.hpp"
 #include "bindings.hpp"
 #include "dlpack.hpp"
 
 namespace py = pybind11;
 
 namespace lowbit::python {
-namespace {
 
-using kernels::dtype;
+namespace {
 using code_range = std::pair<std::uint32_t, std::uint32_t>; // first, last (inclusive)
+} // namespace
 
 [[noreturn]] void fail(errc code, const std::string& what) {
   throw error(code, what);
@@ -48,6 +50,8 @@ std::string str_of(py::handle h) {
 }
 
 // ---- formats -----------------------------------------------------------------------------------
+
+namespace {
 
 emu::specials parse_specials(const std::string& s) {
   if (s == "ieee")
@@ -81,6 +85,8 @@ emu::format make_format(int exp_bits, int man_bits, std::optional<int> bias,
   return f;
 }
 
+} // namespace
+
 // Every `fmt` argument takes a name or a Format.
 emu::format to_format(py::handle fmt) {
   if (py::isinstance<py::str>(fmt)) {
@@ -95,6 +101,8 @@ emu::format to_format(py::handle fmt) {
   fail(errc::invalid_type,
        "fmt: expected a format name (str) or a lowbit.Format, got " + type_name(fmt));
 }
+
+namespace {
 
 const char* spec_of(const emu::format& f) {
   for (const auto& n : emu::named_formats)
@@ -148,6 +156,8 @@ std::string format_repr(const emu::format& f) {
          ", has_zero=" + (f.has_zero ? "True" : "False") + ")";
 }
 
+} // namespace
+
 // ---- arrays ------------------------------------------------------------------------------------
 //
 // Every array argument is a numpy array (read through the buffer protocol, bfloat16 from
@@ -155,7 +165,6 @@ std::string format_repr(const emu::format& f) {
 // allocated by the Python layer in the caller's array library and passed down the same way, so
 // the C++ never allocates and never copies.
 
-using dtypes = std::vector<dtype>;
 const dtypes real_dtypes = {dtype::float32, dtype::float64, dtype::float16, dtype::bfloat16};
 const dtypes quant_inputs = {dtype::float32, dtype::float16, dtype::bfloat16};
 const dtypes any_dtype = {};
@@ -171,6 +180,8 @@ std::string dtype_list(const dtypes& allowed) {
   }
   return out;
 }
+
+namespace {
 
 std::optional<dtype> numpy_dtype(const py::dtype& dt) {
   const auto size = dt.itemsize();
@@ -257,59 +268,6 @@ std::string dlpack_dtype_name(const dlpack::data_type& t) {
     s += "x" + std::to_string(t.lanes);
   return s;
 }
-
-// An array argument, resolved: where its elements are and what keeps them alive until the call
-// returns (the numpy array, or the producer and the DLPack tensor taken from it).
-struct array_arg {
-  const char* name = "";
-  py::object owner;
-  dlpack::owned_tensor dl;
-  void* data = nullptr;
-  dtype type = dtype::float32;
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides; // in elements; 0 where the extent is 0 or 1
-  kernels::device dev{};
-  bool read_only = false;
-
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto e : shape)
-      n *= e;
-    return n;
-  }
-  bool contiguous() const {
-    if (numel() == 0)
-      return true;
-    std::int64_t expect = 1;
-    for (std::size_t k = shape.size(); k-- > 0;) {
-      if (shape[k] != 1 && strides[k] != expect)
-        return false;
-      expect *= shape[k];
-    }
-    return true;
-  }
-};
-
-// Everything a call needs to know about its arguments' dtypes: the allowed ones, and the text
-// after "<name>: dtype <dt> " when the dtype is not one of them.
-struct dtype_rule {
-  dtypes allowed;      // empty: any dtype the kernels know
-  std::string refusal; // empty: "is not supported; expected <allowed>"
-  std::string message(const char* name, const std::string& have) const {
-    return std::string(name) + ": dtype " + have + " " +
-           (refusal.empty() ? "is not supported; expected " + dtype_list(allowed) : refusal);
-  }
-  void check(const char* name, std::optional<dtype> t, const std::string& have) const {
-    if (!t)
-      fail(errc::invalid_type, message(name, have));
-    if (allowed.size() == 0)
-      return;
-    for (dtype a : allowed)
-      if (*t == a)
-        return;
-    fail(errc::invalid_type, message(name, have));
-  }
-};
 
 void finish(array_arg& a, std::int64_t item) {
   if (a.numel() > 0 &&
@@ -471,8 +429,10 @@ void take_dlpack(array_arg& a, py::handle obj, const dtype_rule& rule, bool writ
   finish(a, static_cast<std::int64_t>(kernels::dtype_size(a.type)));
 }
 
+} // namespace
+
 array_arg take(py::handle obj, const char* name, std::uintptr_t stream, const dtype_rule& rule,
-               bool writable = false) {
+               bool writable) {
   array_arg a;
   a.name = name;
   if (py::isinstance<py::array>(obj))
@@ -492,7 +452,7 @@ array_arg take(py::handle obj, const char* name, std::uintptr_t stream, const dt
 // random bits included, are the same, and the limit of 8 dimensions does not apply. Otherwise a
 // contiguous array of more than 8 dimensions is passed as its matrix reading (rows x last
 // dimension), which is how the quantization kernels read every tensor anyway.
-kernels::tensor_view view_of(const array_arg& a, bool flat = false) {
+kernels::tensor_view view_of(const array_arg& a, bool flat) {
   kernels::tensor_view v;
   v.data = a.data;
   v.type = a.type;
@@ -557,6 +517,8 @@ int check_threads(int threads) {
 kernels::exec exec_of(int threads, std::uintptr_t stream) {
   return kernels::exec{check_threads(threads), reinterpret_cast<void*>(stream)};
 }
+
+namespace {
 
 // ---- policies ----------------------------------------------------------------------------------
 
@@ -1043,4 +1005,5 @@ values of the codes.)doc")
       },
       "True when this build has CUDA kernels (whether or not a device is present).");
   lowbit::python::bind_verify(m);
+  lowbit::python::bind_blockwise(m);
 }

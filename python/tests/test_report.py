@@ -48,6 +48,7 @@ class Run:
         self.doc = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
         self.casts = self.doc["sections"]["casts"]["rows"]
         self.throughput = self.doc["sections"]["throughput"]["rows"]
+        self.blockwise = self.doc["sections"]["blockwise"]["rows"]
 
     def cast_row(self, workload: str, fmt: str, rounding: str) -> dict:
         return next(r for r in self.casts
@@ -155,9 +156,53 @@ def test_throughput_rows(run):
 
 def test_error_speed_points(run):
     labels = [p["label"] for p in run.doc["points"]]
-    assert [label.split()[0] for label in labels] == run.formats
+    casts = [label for label in labels if not label.startswith("blockwise")]
+    assert [label.split()[0] for label in casts] == run.formats
+    assert labels[len(casts):] == ["blockwise 256 (dynamic)", "blockwise 2048 (dynamic)"]
     for p in run.doc["points"]:
         assert p["throughput"] > 0 and p["error"] > 0
+
+
+def test_blockwise_rows(run):
+    assert [(r["workload"], r["block"]) for r in run.blockwise] == [
+        (w, b) for w in WORKLOADS for b in (256, 2048)]
+    values = lowbit.Codebook.dynamic_tree().values.astype(np.float64)
+    # Nearest entry: |t - entry| is at most half the widest gap (-1 below the first entry
+    # included), plus the float32 roundings of t = x / a and of entry * a.
+    half_gap = max(np.diff(values).max(), values[0] + 1) / 2
+    for r in run.blockwise:
+        assert r["codebook"] == "dynamic" and r["rounding"] == "nearest"
+        assert r["bits_per_value"] == 8 + 32 / r["block"]
+        assert r["n"] + r["zeros_excluded"] == run.doc["settings"]["size"]
+        assert 0 < r["mean_err_over_absmax"] <= r["max_err_over_absmax"] <= half_gap + 2**-22
+        assert 0 < r["mean_rel_err"] <= r["rms_rel_err"] and r["mean_rel_err"] <= r["max_rel_err"]
+        assert r["max_rel_err"] <= 1 + 2**-22  # nearest never overshoots by more than |x|
+        assert 0 <= r["flushed"] <= 1 and r["flushed_count"] == round(r["flushed"] * r["n"])
+        timed = r["workload"] == "gaussian"
+        for key in ("quantize_1t", "quantize_nt", "dequantize_1t"):
+            assert (r[key] > 0) if timed else (r[key] is None), (key, r)
+
+
+def test_blockwise_errors_equal_a_direct_computation(run):
+    x = run_workload(run, "gaussian")
+    codes, absmax = lowbit.quantize_blockwise(x, "dynamic", 256)
+    back = lowbit.dequantize_blockwise(codes, absmax, "dynamic", 256).astype(np.float64)
+    x64 = x.astype(np.float64)
+    nz = x64 != 0
+    rel = np.abs(back[nz] - x64[nz]) / np.abs(x64[nz])
+    a = np.repeat(absmax.astype(np.float64), 256)[:x.size]
+    row = next(r for r in run.blockwise if (r["workload"], r["block"]) == ("gaussian", 256))
+    assert row["mean_rel_err"] == pytest.approx(rel.mean(), rel=1e-9)
+    assert row["max_rel_err"] == rel.max()
+    assert row["rms_rel_err"] == pytest.approx(np.sqrt(np.mean(rel**2)), rel=1e-9)
+    assert row["mean_err_over_absmax"] == pytest.approx(np.mean(np.abs(back - x64) / a),
+                                                        rel=1e-9)
+    assert row["flushed_count"] == int(np.count_nonzero(nz & (back == 0)))
+
+
+def run_workload(run, name):
+    size = run.doc["settings"]["size"]
+    return next(w for w in report.make_workloads(size) if w.name == name).values
 
 
 def test_plots_are_png_files(run):
