@@ -1,12 +1,12 @@
 // GPU throughput of the cast and quantization kernels, timed with CUDA events (manual time).
 // Every result carries `of_copy`: its bandwidth (bytes read + written once) as a fraction of a
 // device-to-device copy measured in the same run. Inputs are 2^28 floats (1 GiB), well past L2.
+// main() runs every GPU benchmark of the project: these, then blockwise_gpu.cpp's.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,14 +15,13 @@
 #include <lowbit/kernels/cast.hpp>
 #include <lowbit/kernels/quantize.hpp>
 
+#include "gpu_bench.hpp"
+
 namespace {
 
 using namespace lowbit;
+using namespace lowbit::bench;
 using kernels::dtype;
-
-void ok(cudaError_t e) {
-  if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
-}
 
 struct buffers {
   std::int64_t n = std::int64_t{1} << 28;
@@ -50,44 +49,6 @@ struct buffers {
 buffers& buf() {
   static buffers b;
   return b;
-}
-
-double copy_bytes_per_s = 0.0;
-
-kernels::tensor_view dev_view(void* p, dtype t, std::initializer_list<std::int64_t> shape) {
-  return kernels::tensor_view::contiguous(p, t, shape, {kernels::device_type::cuda, 0});
-}
-
-// Times fn with events, `bytes` moved per call.
-void timed(benchmark::State& state, double bytes, const std::function<void()>& fn) {
-  cudaEvent_t a, b;
-  ok(cudaEventCreate(&a));
-  ok(cudaEventCreate(&b));
-  fn();  // warm-up
-  ok(cudaDeviceSynchronize());
-  for (auto _ : state) {
-    ok(cudaEventRecord(a));
-    fn();
-    ok(cudaEventRecord(b));
-    ok(cudaEventSynchronize(b));
-    float ms = 0;
-    ok(cudaEventElapsedTime(&ms, a, b));
-    state.SetIterationTime(ms / 1e3);
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes * state.iterations()));
-  const double t = state.iterations() > 0 ? 1.0 : 0.0;
-  (void)t;
-  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
-  ok(cudaEventDestroy(a));
-  ok(cudaEventDestroy(b));
-}
-
-void add_ratio(benchmark::State& state, double bytes) {
-  // of_copy = (bytes / time) / copy bandwidth, both from this run.
-  if (copy_bytes_per_s > 0)
-    state.counters["of_copy"] = benchmark::Counter(
-        bytes * state.iterations() / copy_bytes_per_s, benchmark::Counter::kIsRate);
 }
 
 void bm_copy(benchmark::State& state) {
@@ -182,10 +143,7 @@ void bm_dequantize(benchmark::State& state, kernels::grouping g, std::int64_t co
 }
 
 void register_all() {
-  const auto reg = [](const std::string& name, auto fn) {
-    benchmark::RegisterBenchmark(name.c_str(), fn)->UseManualTime()->Unit(benchmark::kMillisecond)
-        ->MinTime(0.3);
-  };
+  const auto reg = [](const std::string& name, auto fn) { register_gpu(name, fn); };
   reg("copy_d2d_f32", bm_copy);
   const auto sr = emu::stochastic(8, emu::overflow::saturate);
   reg("cast_f32_e4m3fn_rne_nonsat", [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne); });
@@ -239,6 +197,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   register_all();
+  lowbit::bench::register_blockwise();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -3,6 +3,9 @@
 Prints and writes JSON: for each operation the median time (ms) over repeated runs on 2^28
 float32 Gaussian values (1 GiB), and the device-to-device copy bandwidth measured by PyTorch.
 Ratios against lowbit's kernels are formed from times of the same operation on the same data.
+The baselines of SRAM-quantiles are a full sort of the 2^28 values and torch.quantile of 256
+quantiles, which refuses more than 2^24 values and so runs on the first 2^24; both are also
+given as input values per second (G = 1e9), the unit of lowbit's sram_quantiles row.
 """
 import json
 import sys
@@ -46,6 +49,13 @@ def main(out_path):
     res["mxfp8_eager_ms"] = median_ms(
         lambda: (blk / torch.exp2(torch.floor(torch.log2(blk.abs().amax(dim=1, keepdim=True))) - 8)).to(f8))
     res["sort_2e28_ms"] = median_ms(lambda: torch.sort(x), reps=5)
+    res["sort_2e28_Gvalues_per_s"] = n / res["sort_2e28_ms"] / 1e6
+    # The quantile positions of the SRAM estimator's chunks: (2i + 1) / (2k), i < k = 256.
+    nq = 1 << 24
+    q = (torch.arange(256, device="cuda", dtype=torch.float32) + 0.5) / 256
+    xq = x[:nq]
+    res["quantile256_2e24_ms"] = median_ms(lambda: torch.quantile(xq, q), reps=10)
+    res["quantile256_2e24_Gvalues_per_s"] = nq / res["quantile256_2e24_ms"] / 1e6
     for k, v in res.items():
         print(f"{k:32s} {v:10.3f}")
     with open(out_path, "w") as f:

@@ -1,45 +1,85 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool) with binaries built elsewhere in .deps/bin:
 # GPU tests, compute-sanitizer memcheck and racecheck, the GPU benchmarks, PyTorch baselines and
-# an Nsight Compute summary of the kernels that must reach memory bandwidth. Everything lands in $OUT; a summary table is printed last.
+# an Nsight Compute summary of the kernels that must reach memory bandwidth. Everything lands in
+# $OUT; the benchmark rows, the PyTorch rows and one line per step are printed last, so that
+# the tail of stdout carries the numbers even when only a few files come back.
+#
+# Time: every step runs under its own timeout, cut to what is left of a budget for the whole
+# script (GPU_CHECKS_BUDGET_S, 400 s by default, well under the device's per-command limit);
+# a step that would get less than 20 s is skipped and listed as rc=skip.
 set -uo pipefail
 bin=.deps/bin
 out=${OUT:-/tmp/out}
+budget=${GPU_CHECKS_BUDGET_S:-400}
 export LD_LIBRARY_PATH=$bin:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
+timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv \
+  > "$out/gpu.txt" 2>&1
 summary=()
-run() {  # name, command...
-  local name=$1; shift
+run() {  # name, timeout in seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  # 10 s stay in reserve for the kill after a timeout (timeout -k) and the final printing.
+  local left=$((budget - SECONDS - 10))
+  if ((left < 20)); then
+    echo "skipped: ${left}s of the ${budget}s budget left" > "$out/$name.log"
+    summary+=("$(printf '%-40s rc=%-4s %4ss' "$name" skip 0)")
+    return
+  fi
+  ((limit > left)) && limit=$left
   local t0=$SECONDS
-  "$@" > "$out/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+  summary+=("$(printf '%-40s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
   tail -n 5 "$out/$name.log"
 }
-# Ordered by importance, each step bounded, so that a short device lease still returns results.
+blockwise_tests='gpu_vs_cpu.blockwise_*:gpu_vs_cpu.sram_quantiles'
+# Ordered by importance, so that a short lease or a slow step still leaves the main results:
+# the tests, the benchmarks, the sanitizers on the block-wise kernels (new, never run on a GPU
+# before), then the large-index and exhaustive sweeps, the other sanitizer runs, Nsight Compute.
 export RC_PARAMS="max_success=60"
-run gpu_tests timeout 150 $bin/lowbit_gpu_tests --gtest_filter=-gpu_large.*
+run gpu_tests 150 $bin/lowbit_gpu_tests --gtest_filter=-gpu_large.*
 unset RC_PARAMS
-run gpu_large timeout 120 $bin/lowbit_gpu_tests --gtest_filter=gpu_large.*
-run gpu_exhaustive timeout 60 $bin/lowbit_gpu_exhaustive
-run bench timeout 150 $bin/lowbit_bench_gpu --benchmark_out="$out/bench_gpu.json" \
+run bench 150 $bin/lowbit_bench_gpu --benchmark_out="$out/bench_gpu.json" \
   --benchmark_out_format=json
-run torch timeout 60 python3 bench/torch_baselines.py "$out/torch_baselines.json"
-grep -E "^(copy|cast|quant|decode|dequant)" "$out/bench.log" | awk '{printf "%-44s %s %s %s\n",$1,$2,$3,$NF}'
-cat "$out/torch.log"
+run torch 60 python3 bench/torch_baselines.py "$out/torch_baselines.json"
 export RC_PARAMS="max_success=8"
-run memcheck timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $bin/lowbit_gpu_tests --gtest_filter=-gpu_large.*
+run memcheck_blockwise 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/lowbit_gpu_tests --gtest_filter="$blockwise_tests"
+# racecheck follows every shared-memory access (the CUB block sort of the quantile kernel, the
+# codebook tables and block maximum of quantize): few cases.
+export RC_PARAMS="max_success=2"
+run racecheck_blockwise 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  $bin/lowbit_gpu_tests --gtest_filter="$blockwise_tests"
+unset RC_PARAMS
+run gpu_large 120 $bin/lowbit_gpu_tests --gtest_filter=gpu_large.*
+run gpu_exhaustive 60 $bin/lowbit_gpu_exhaustive
+export RC_PARAMS="max_success=8"
+run memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/lowbit_gpu_tests --gtest_filter="-gpu_large.*:$blockwise_tests"
 export RC_PARAMS="max_success=4"
-run racecheck timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
   $bin/lowbit_gpu_tests --gtest_filter=gpu_vs_cpu.quantize_every_grouping:gpu_vs_cpu.mx_quantize_and_dequantize
 unset RC_PARAMS
 # Where the time goes in the kernels that must reach memory bandwidth (one benchmark per ncu run;
-# the first launch is the benchmark's warm-up).
-for b in cast_f32_e4m3fn_rne_sat cast_scaled_f32_e4m3fn decode_e4m3fn_f32 quantize_rows_int8_4096; do
-  run ncu_$b timeout 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
+# --launch-skip 1 skips the first launch: the benchmark's warm-up for quantize_gpu.cpp's rows,
+# the input generation for blockwise_gpu.cpp's, whose profiled launches are then the warm-up
+# call: quantize_kernel twice, or chunk_quantiles_kernel and average_quantiles_kernel).
+for b in cast_f32_e4m3fn_rne_sat cast_scaled_f32_e4m3fn decode_e4m3fn_f32 quantize_rows_int8_4096 \
+  blockwise_quantize_dynamic_f32_b2048 sram_quantiles_f32_k256; do
+  run ncu_$b 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
     --launch-skip 1 --launch-count 2 $bin/lowbit_bench_gpu --benchmark_filter="^$b/"
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Through|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size" \
     "$out/ncu_$b.log" | head -40
 done
+# The results, last: benchmark rows (name, time per call, counters: GB/s; of_copy = fraction of
+# the copy bandwidth of the same run; items_per_second for the quantile row), PyTorch rows, steps.
+echo "== lowbit_bench_gpu"
+grep -E "^(copy|cast|quant|decode|dequant|blockwise|sram)" "$out/bench.log" |
+  awk '{n = $1; sub(/\/min_time:.*/, "", n); printf "%-46s %9s %s", n, $2, $3
+        for (i = 7; i <= NF; i++) if ($i !~ /^bytes_per_second=/) printf " %s", $i
+        print ""}'
+echo "== bench/torch_baselines.py"
+cat "$out/torch.log"
+echo "== steps (budget ${budget}s, used ${SECONDS}s)"
 printf '%s\n' "${summary[@]}"
