@@ -60,21 +60,43 @@ codebook sorted_padded(std::vector<float> v) {
   return codebook::from_values(v.data(), 256);
 }
 
+// torch.linspace(0.1, 1, n) in float32 as PyTorch computes it on the CPU (the first n/2 points
+// from the start, the rest back from the end), the multiply-add of each point fused, as in its
+// kernels built for AVX2 and AVX-512 (and its CUDA kernel): measurements in
+// docs/techniques/blockwise.md. The ends are double scalars rounded to float32.
+std::vector<float> published_linspace(std::int64_t n) {
+  const float start = static_cast<float>(0.1);
+  const float end = static_cast<float>(1.0);
+  const float step = (end - start) / static_cast<float>(n - 1);
+  std::vector<float> b(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k)
+    b[static_cast<std::size_t>(k)] = k < n / 2
+                                         ? std::fma(step, static_cast<float>(k), start)
+                                         : std::fma(-step, static_cast<float>(n - 1 - k), end);
+  return b;
+}
+
 } // namespace
 
 codebook codebook::dynamic_tree(bool is_signed) {
-  // Decade d = 6 - i (i = 0..6) holds F - 1 fraction values, the midpoints of F evenly spaced
-  // boundaries on [0.1, 1], times 10^-d: F - 1 = 2^i (signed) or 2^(i+1) (unsigned, the sign
-  // bit becomes one more fraction bit). Value k: (2(F-1) + 9(2k+1)) / (20 (F-1) 10^d).
+  // The published construction, one float32 operation per step (docs/techniques/blockwise.md):
+  // decade i = 0..6 (scale 10^(i-6)) holds the midpoints of 2^i + 1 (signed) or 2^(i+1) + 1
+  // (unsigned) linspace boundaries on [0.1, 1], times the scale. Besides the fused linspace, each
+  // step is a single rounded operation: this file is built with -ffp-contract=off, and no step
+  // is a product feeding a sum, so nothing can be fused behind this code's back.
+  static constexpr double scales[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
   std::vector<float> v;
-  std::int64_t pow10 = 1000000; // 10^d
-  for (int i = 0; i < 7; ++i, pow10 /= 10) {
-    const std::int64_t f1 = std::int64_t{1} << (is_signed ? i : i + 1);
-    for (std::int64_t k = 0; k < f1; ++k) {
-      const float x = ratio_to_float(2 * f1 + 9 * (2 * k + 1), 20 * f1 * pow10);
+  for (int i = 0; i < 7; ++i) {
+    const std::int64_t n = (std::int64_t{1} << (is_signed ? i : i + 1)) + 1;
+    const std::vector<float> b = published_linspace(n);
+    const float scale = static_cast<float>(scales[i]); // a Python float rounded to float32
+    for (std::size_t k = 0; k + 1 < b.size(); ++k) {
+      const float sum = b[k] + b[k + 1];
+      const float mid = sum / 2.0f;
+      const float x = scale * mid;
       v.push_back(x);
       if (is_signed)
-        v.push_back(-x);
+        v.push_back(-x); // (-scale) * mid rounds to exactly -x
     }
   }
   v.push_back(0.0f);

@@ -33,6 +33,44 @@ std::vector<rational> dynamic_tree_exact(bool is_signed) {
   return v;
 }
 
+namespace {
+
+// x rounded to the nearest float32 (ties to even), as an exact rational.
+rational to_f32(const rational& x) {
+  return value_of(emu::float32, round(emu::float32, x, false, emu::policy{}));
+}
+
+} // namespace
+
+codebook_values dynamic_tree_float32(bool is_signed, bool fused_linspace) {
+  const double scales[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0}; // 10^-d as doubles
+  const rational start = to_f32(exact(0.1)), end = 1;
+  std::vector<rational> v;
+  for (int i = 0; i < 7; ++i) {
+    const int n = (1 << (is_signed ? i : i + 1)) + 1; // linspace points
+    const rational step = to_f32((end - start) / (n - 1));
+    std::vector<rational> b;
+    for (int k = 0; k < n; ++k) {
+      const bool from_start = k < n / 2;
+      const rational along = step * (from_start ? k : n - 1 - k);
+      const rational term = fused_linspace ? along : to_f32(along);
+      b.push_back(to_f32(from_start ? rational(start + term) : rational(end - term)));
+    }
+    const rational scale = to_f32(exact(scales[i]));
+    for (int k = 0; k + 1 < n; ++k) {
+      const rational mid = to_f32(b[k] + b[k + 1]) / 2;
+      v.push_back(to_f32(scale * mid));
+      if (is_signed)
+        v.push_back(to_f32(-scale * mid));
+    }
+  }
+  v.push_back(0);
+  v.push_back(1);
+  require(v.size() == 256, errc::invalid_argument, "dynamic_tree_float32: not 256 values");
+  std::sort(v.begin(), v.end());
+  return to_float32(v);
+}
+
 std::vector<rational> linear_exact(bool is_signed) {
   std::vector<rational> v;
   for (int k = 0; k < 256; ++k)

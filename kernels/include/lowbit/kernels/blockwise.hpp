@@ -24,7 +24,10 @@ class codebook {
 public:
   // The dynamic tree map of the 8-bit optimizers paper: per decade 10^-d (d = 6..0) a linear
   // fraction grid that doubles in size toward 1, plus 0 and 1. Signed: 127 positive values,
-  // their negatives, 0 and +1 (no -1). Unsigned: 254 positive values, 0 and +1.
+  // their negatives, 0 and +1 (no -1). Unsigned: 254 positive values, 0 and +1. The bits are
+  // those of the implementation that published the map, which computes it step by step in
+  // float32 with PyTorch (docs/techniques/blockwise.md): at most 2 ulps from the exact values
+  // rounded once, and equal to proptests/data/dynamic_map_published.txt, which PyTorch reproduces.
   static codebook dynamic_tree(bool is_signed = true);
   // 256 evenly spaced values: (2k - 255) / 255 (signed, no 0) or k / 255 (unsigned).
   static codebook linear(bool is_signed = true);

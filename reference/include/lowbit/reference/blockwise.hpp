@@ -18,8 +18,17 @@ using codebook_values = std::array<float, 256>;
 
 // The exact defining values of the dynamic tree map (sorted, 256 entries): per decade 10^-d,
 // d = 6..0, the midpoints of F evenly spaced points on [0.1, 1] times 10^-d, with F - 1 = 2^(6-d)
-// (signed, with negatives) or 2^(7-d) (unsigned); plus 0 and 1.
+// (signed, with negatives) or 2^(7-d) (unsigned); plus 0 and 1. The mathematical map, which no
+// implementation stores: see dynamic_tree_float32.
 std::vector<rational> dynamic_tree_exact(bool is_signed);
+// The dynamic tree map as its published implementation computes it, every step of
+// docs/techniques/blockwise.md an exact rational rounded to float32 (ties to even): the ends
+// 0.1 and 1 and the decade scales 10^-d are double constants rounded to float32; linspace step
+// fl((1 - s) / (F - 1)), point k fl(s + step k) for k < F/2 and fl(1 - step (F-1-k)) after,
+// the multiply-add rounded once when fused_linspace (PyTorch on AVX2/AVX-512 CPUs and on CUDA),
+// the product rounded first otherwise (its baseline CPU kernel); midpoint fl(b_k + b_k+1) / 2;
+// value fl(scale * midpoint), its negative for the signed map; plus 0 and 1, sorted.
+codebook_values dynamic_tree_float32(bool is_signed, bool fused_linspace = true);
 // The linear map: (2k - 255)/255 (signed) or k/255 (unsigned), k = 0..255.
 std::vector<rational> linear_exact(bool is_signed);
 // Each value rounded to the nearest float32 (ties to even), exactly.
