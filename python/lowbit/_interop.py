@@ -172,6 +172,10 @@ class _Backend:
     def result(self, value: Any) -> Any:
         return value
 
+    def to_host(self, value: Any) -> Any:
+        """A host copy of a CUDA array of this device, made on the current stream."""
+        raise NotImplementedError
+
 
 class _Numpy(_Backend):
     def empty(self, shape: Sequence[int], dtype: str) -> Any:
@@ -218,6 +222,11 @@ class _Torch(_Backend):
             raise TypeError(f"{name}: expected an array, got {type(value).__name__} that torch "
                             f"cannot convert ({e})") from None
 
+    def to_host(self, value: Any) -> Any:
+        # from_dlpack hands the producer the current stream; .cpu() copies on it and waits.
+        tensor = value if is_torch(value) else self.torch.from_dlpack(value)
+        return tensor.cpu()
+
 
 class _Cupy(_Backend):
     def __init__(self, device: Device) -> None:
@@ -244,6 +253,13 @@ class _Cupy(_Backend):
         except (TypeError, ValueError) as e:
             raise TypeError(f"{name}: expected an array, got {type(value).__name__} that cupy "
                             f"cannot convert ({e})") from None
+
+    def to_host(self, value: Any) -> Any:
+        array = value if is_cupy(value) else self.cupy.from_dlpack(value)
+        stream = self.cupy.cuda.get_current_stream()
+        host = self.cupy.asnumpy(array, stream=stream)
+        stream.synchronize()
+        return host
 
 
 class _Foreign(_Backend):
@@ -272,6 +288,9 @@ class _Foreign(_Backend):
     def result(self, value: Any) -> Any:
         return value if self.from_dlpack is None else self.from_dlpack(value)
 
+    def to_host(self, value: Any) -> Any:
+        return self.inner.to_host(value)
+
 
 def _cuda_allocator(name: str, device: Device) -> _Backend:
     # For CUDA arrays of a library that lowbit cannot allocate with (JAX, ...).
@@ -280,9 +299,9 @@ def _cuda_allocator(name: str, device: Device) -> _Backend:
             return make(device)
         except ImportError:
             continue
-    raise TypeError(f"{name}: lowbit allocates the results for CUDA arrays of other libraries "
-                    "with torch or cupy, and neither is installed; install one, or pass torch or "
-                    "cupy arrays")
+    raise TypeError(f"{name}: lowbit allocates results for CUDA arrays of other libraries, and "
+                    "copies them, with torch or cupy, and neither is installed; install one, or "
+                    "pass torch or cupy arrays")
 
 
 def _backend(name: str, value: Any, device: Device) -> _Backend:
@@ -393,3 +412,38 @@ class Call:
 
 
 call = Call  # `with _interop.call(("x", x, None)) as c:`
+
+
+# ---- host copies -------------------------------------------------------------------------------
+
+
+def to_host(name: str, value: Any) -> Any:
+    """An array argument in host memory: numpy arrays and CPU producers as they are (read in
+    place later), CUDA arrays copied on the caller's current stream, waiting for the copy: torch
+    tensors to CPU tensors, cupy arrays to numpy arrays, other producers through torch (else
+    cupy). TypeError, naming the argument, for memory on other devices."""
+    if isinstance(value, np.ndarray):
+        return value
+    value = Call._plain(value)
+    device = device_of(name, value)
+    if device.type == "cpu":
+        return value
+    backend = _backend(name, value, device)
+    with backend.context():
+        return backend.to_host(value)
+
+
+def to_numpy(name: str, value: Any) -> np.ndarray:
+    """A host array (numpy or a CPU DLPack producer) as a numpy array, read in place; bfloat16,
+    which numpy's DLPack import does not know, becomes its float32 values (exact)."""
+    if isinstance(value, np.ndarray):
+        return value
+    value = Call._plain(value)
+    # The module's own intake first: its errors name the argument, as everywhere else.
+    if _core._describe(value, name)["dtype"] != "bfloat16":
+        return np.from_dlpack(value)
+    if is_torch(value):
+        return value.float().numpy()
+    from lowbit._api import cast  # float32 codes are the float32 bits
+
+    return to_numpy(name, cast(value, "float32")).view(np.float32)

@@ -6,9 +6,10 @@
 (True, 1.0)
 
 The comparison is the C++ ``lowbit::verify::compare`` (one implementation for C++, Python and
-the ``lowbit verify`` command); this module turns inputs into host arrays, evaluates Python
-bound functions into arrays of allowed errors, and wraps the C++ report. docs/verification.md
-defines every policy and every field of the report.
+the ``lowbit verify`` command); this module turns inputs into host arrays (numpy arrays and CPU
+DLPack producers are read in place, CUDA arrays copied to the host on the caller's stream),
+evaluates Python bound functions into arrays of allowed errors, and wraps the C++ report.
+docs/verification.md defines every policy and every field of the report.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from lowbit import _core
+from lowbit import _core, _interop
 from lowbit._core import Format
 
 FormatLike = Union[str, Format]
@@ -28,46 +29,43 @@ FormatLike = Union[str, Format]
 # bound function: fn(reference) or fn(reference, inputs) -> allowed absolute errors.
 PolicyLike = Union[str, Callable[..., Any]]
 
-# DLPack device types that are host memory (kDLCPU, kDLCUDAHost, kDLCUDAManaged).
-_HOST_DEVICES = {1, 3, 13}
-
-
-def _host_array(value: Any, name: str) -> np.ndarray:
-    dlpack_device = getattr(value, "__dlpack_device__", None)
-    if dlpack_device is not None and not isinstance(value, np.ndarray):
-        try:
-            device_type = int(dlpack_device()[0])
-        except Exception:  # noqa: BLE001 - a broken protocol falls through to numpy's message
-            device_type = 1
-        if device_type not in _HOST_DEVICES:
-            raise ValueError(
-                f"{name} is in device memory (DLPack device type {device_type}); lowbit.verify "
-                "compares host memory: pass x.cpu() (PyTorch) or cupy.asnumpy(x)"
-            )
-    if isinstance(value, np.ndarray):
-        return value
-    detach = getattr(value, "detach", None)  # a PyTorch tensor that requires grad
-    if callable(detach):
-        value = detach()
+def _host_array(value: Any, name: str) -> Any:
+    """An argument as a host array the comparison reads in place: numpy arrays and CPU DLPack
+    producers as they are, CUDA arrays copied to the host on the caller's current stream
+    (lowbit._interop.to_host), anything else converted with numpy."""
+    if _interop.is_array(value):
+        return _interop.to_host(name, value)
     return np.asarray(value)
 
 
-def _ml_dtypes_codes(a: np.ndarray, fmt: Optional[FormatLike], name: str,
-                     arg: str) -> tuple[np.ndarray, Optional[FormatLike]]:
-    """ml_dtypes' 8-bit and narrower types (float8_e4m3fn, float4_e2m1fn, ...) hold one code of a
-    lowbit format per byte: they become those codes, and the format they imply."""
-    # By name: ml_dtypes gives some of these types numpy kind "V", others "f".
-    if a.dtype.itemsize != 1 or not a.dtype.name.startswith(("float8_", "float6_", "float4_")):
+def _typed_codes(a: Any, fmt: Optional[FormatLike], name: str,
+                 arg: str) -> tuple[Any, Optional[FormatLike]]:
+    """Arrays of ml_dtypes' 8-bit and narrower types (float8_e4m3fn, float4_e2m1fn, ...) and of
+    torch's float8 types hold one code of a lowbit format per byte: they become those codes, and
+    the format they imply."""
+    if isinstance(a, np.ndarray):
+        # By name: ml_dtypes gives some of these types numpy kind "V", others "f".
+        dtype_name = a.dtype.name if a.dtype.itemsize == 1 else ""
+        prefixes: tuple[str, ...] = ("float8_", "float6_", "float4_")
+    elif _interop.is_torch(a):
+        dtype_name = str(a.dtype).removeprefix("torch.")
+        prefixes = ("float8_",)  # torch's float4_e2m1fn_x2 packs two codes per byte
+    else:
         return a, fmt
-    implied = _core.parse_format(a.dtype.name.split("_", 1)[1])
+    if not dtype_name.startswith(prefixes):
+        return a, fmt
+    implied = _core.parse_format(dtype_name.split("_", 1)[1])
     if fmt is not None and _core.parse_format(fmt) != implied:
-        raise ValueError(f"{name}: dtype {a.dtype.name} holds {implied.name} codes, but the "
+        raise ValueError(f"{name}: dtype {dtype_name} holds {implied.name} codes, but the "
                          f"{arg} is {_core.parse_format(fmt).name}")
-    return a.view(np.uint8), implied
+    if isinstance(a, np.ndarray):
+        return a.view(np.uint8), implied
+    return a.view(_interop._module("torch").uint8), implied
 
 
-def _values(a: np.ndarray, fmt: Optional[FormatLike], name: str) -> np.ndarray:
-    """Exact float64 values of an array, for a bound function."""
+def _values(a: Any, fmt: Optional[FormatLike], name: str) -> np.ndarray:
+    """Exact float64 values of a host array, for a bound function."""
+    a = _interop.to_numpy(name, a)
     if a.dtype.kind == "u":
         if fmt is None:
             raise ValueError(
@@ -196,6 +194,11 @@ def verify(
 ) -> Report:
     """Compares ``candidate`` against ``reference`` (same shape) under ``policy``.
 
+    candidate, reference:
+        numpy arrays (lists and numbers are converted with numpy) or DLPack producers: torch
+        tensors, cupy arrays, JAX arrays, ... CPU arrays are read in place; CUDA arrays are
+        copied to the host first, on the caller's current stream (the call waits for the copy).
+        The report is the same whichever library holds the arrays.
     policy:
         ``"exact"`` (same bits; any NaN matches any NaN), ``"exact:strict"`` (NaNs too),
         ``"ulp:N"`` (at most N steps of the grid of ``format``, or of the candidate's dtype),
@@ -206,9 +209,11 @@ def verify(
         element (an array that broadcasts to the shape, or a scalar).
     format:
         The format of code arrays (uint8/uint16/uint32) and of the ulp grid. Arrays of
-        ml_dtypes' float8/float6/float4 types are codes of the format their dtype names.
+        ml_dtypes' float8/float6/float4 types and torch's float8 types are codes of the format
+        their dtype names.
     inputs:
-        The inputs the candidate was computed from; shown beside the worst elements.
+        The inputs the candidate was computed from (an array like ``candidate``); shown beside
+        the worst elements.
     input_format:
         The format of code inputs (otherwise they show as plain integers).
     worst:
@@ -217,39 +222,41 @@ def verify(
     Raises TypeError/ValueError for arrays or policies that cannot be compared; a difference is
     never an exception (see :func:`assert_verified`).
     """
-    c = _host_array(candidate, "candidate")
-    r = _host_array(reference, "reference")
-    x = None if inputs is None else _host_array(inputs, "inputs")
-    c, format = _ml_dtypes_codes(c, format, "candidate", "format")
-    r, format = _ml_dtypes_codes(r, format, "reference", "format")
-    if x is not None:
-        x, input_format = _ml_dtypes_codes(x, input_format, "inputs", "input_format")
     if isinstance(worst, bool) or not isinstance(worst, (int, np.integer)):
         raise TypeError(f"worst: expected an integer, got {type(worst).__name__}")
-    if isinstance(policy, str):
-        return Report(_core.verify(c, r, policy, format, x, input_format, int(worst), None, ""))
-    if not callable(policy):
+    if not isinstance(policy, str) and not callable(policy):
         raise TypeError(
             "policy: expected a string such as 'exact', 'ulp:1' or 'atol:1e-3,rtol:1e-2', or a "
             f"bound function, got {type(policy).__name__}"
         )
-    if c.shape != r.shape:
+    c = _host_array(candidate, "candidate")
+    r = _host_array(reference, "reference")
+    x = None if inputs is None else _host_array(inputs, "inputs")
+    c, format = _typed_codes(c, format, "candidate", "format")
+    r, format = _typed_codes(r, format, "reference", "format")
+    if x is not None:
+        x, input_format = _typed_codes(x, input_format, "inputs", "input_format")
+    if isinstance(policy, str):
+        return Report(_core.verify(c, r, policy, format, x, input_format, int(worst), None, ""))
+    shape = _interop.shape_of("reference", r)
+    if _interop.shape_of("candidate", c) != shape:
         # The C++ says the same for strings; a bound function would otherwise see the wrong shape.
-        raise ValueError(f"candidate has shape {c.shape} but reference has shape {r.shape}; "
-                         "they must match")
+        raise ValueError(f"candidate has shape {_interop.shape_of('candidate', c)} but reference "
+                         f"has shape {shape}; they must match")
     ref_values = _values(r, format, "reference")
     if x is None:
         allowed = policy(ref_values)
-    elif x.dtype.kind == "u" and input_format is not None:
-        allowed = policy(ref_values, _values(x, input_format, "inputs"))
     else:  # code inputs without a format are plain integers, as in the report
-        allowed = policy(ref_values, x.astype(np.float64))
+        x_numpy = _interop.to_numpy("inputs", x)
+        allowed = policy(ref_values, _values(x_numpy, input_format, "inputs")
+                         if x_numpy.dtype.kind == "u" and input_format is not None
+                         else x_numpy.astype(np.float64))
     try:
-        allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), r.shape)
+        allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), shape)
     except ValueError:
         raise ValueError(
             f"bound: the function returned shape {np.shape(allowed)}, which does not broadcast "
-            f"to the arrays' shape {r.shape}"
+            f"to the arrays' shape {shape}"
         ) from None
     name = getattr(policy, "__name__", type(policy).__name__)
     return Report(_core.verify(c, r, None, format, x, input_format, int(worst),

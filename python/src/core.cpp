@@ -979,7 +979,8 @@ values of the codes.)doc")
         py::arg("block"), py::arg("out"), py::arg("threads"), py::arg("stream"));
   m.def("_describe", &lp::describe, py::arg("obj"), py::arg("name") = "x",
         py::arg("writable") = false,
-        "What the module reads from an array argument (for the tests of the DLPack import).");
+        "What the module reads from an array argument (for the tests of the DLPack import and "
+        "lowbit._interop.to_numpy).");
   // For the tests of the exception mapping: throws lowbit::error of the named kind.
   m.def(
       "_throw",

@@ -1,6 +1,7 @@
-// lowbit._core.verify: numpy arrays in, lowbit::verify::compare, the C++ report out (wrapped by
-// lowbit.verify's Report). The comparison is entirely the C++ one; a Python bound function has
-// already been evaluated into an array of allowed errors, which the C++ bound reads by index.
+// lowbit._core.verify: host arrays in (numpy or DLPack, through the module's array intake,
+// arrays.hpp), lowbit::verify::compare, the C++ report out (wrapped by lowbit.verify's Report).
+// The comparison is entirely the C++ one; a Python bound function has already been evaluated
+// into an array of allowed errors, which the C++ bound reads by index.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -15,15 +16,13 @@
 #include <lowbit/kernels/tensor.hpp>
 #include <lowbit/kernels/verify.hpp>
 
+#include "arrays.hpp"
 #include "bindings.hpp"
-
-namespace py = pybind11;
 
 namespace lowbit::python {
 namespace {
 
 namespace vf = lowbit::verify;
-using kernels::dtype;
 
 std::optional<emu::format> optional_format(py::handle fmt, const char* arg) {
   if (fmt.is_none())
@@ -43,70 +42,29 @@ std::optional<emu::format> optional_format(py::handle fmt, const char* arg) {
                                       std::string(py::str(py::type::of(fmt).attr("__name__"))));
 }
 
-// A view of a numpy array (any strides) for lowbit::verify. Small and local on purpose: the
-// module's general array intake (numpy and DLPack) will replace it.
-kernels::tensor_view host_view(const py::array& a, const char* arg) {
-  const py::dtype dt = a.dtype();
-  const std::string name = py::str(dt.attr("name"));
-  if (!dt.attr("isnative").cast<bool>() && dt.itemsize() > 1)
-    throw error(errc::invalid_type, std::string(arg) + ": dtype " + std::string(py::str(dt)) +
-                                        " is not in native byte order; convert it with "
-                                        "x.astype(x.dtype.newbyteorder('='))");
-  const char kind = dt.kind();
-  const auto size = dt.itemsize();
-  dtype t;
-  if (kind == 'f' && size == 4)
-    t = dtype::float32;
-  else if (kind == 'f' && size == 8)
-    t = dtype::float64;
-  else if (kind == 'f' && size == 2)
-    t = dtype::float16;
-  else if (name == "bfloat16" && size == 2)
-    t = dtype::bfloat16;
-  else if (kind == 'u' && size == 1)
-    t = dtype::uint8;
-  else if (kind == 'u' && size == 2)
-    t = dtype::uint16;
-  else if (kind == 'u' && size == 4)
-    t = dtype::uint32;
-  else if (kind == 'i' && size == 1)
-    t = dtype::int8;
-  else if (kind == 'i' && size == 2)
-    t = dtype::int16;
-  else if (kind == 'i' && size == 4)
-    t = dtype::int32;
-  else if (kind == 'i' && size == 8)
-    t = dtype::int64; // refused by compare, with its message
-  else
-    throw error(errc::invalid_type,
-                std::string(arg) + ": dtype " + name +
-                    " is not supported; expected float32, float64, float16, bfloat16 "
-                    "(ml_dtypes), int8, int16, int32, or uint8/uint16/uint32 codes of a format");
-  if (a.ndim() > static_cast<py::ssize_t>(kernels::max_dims))
-    throw error(errc::invalid_argument,
-                std::string(arg) + ": at most " + std::to_string(kernels::max_dims) +
-                    " dimensions, got " + std::to_string(a.ndim()) + "; reshape it");
-  kernels::tensor_view v;
-  v.data = const_cast<void*>(a.data());
-  v.type = t;
-  v.ndim = static_cast<int>(a.ndim());
-  for (int k = 0; k < v.ndim; ++k) {
-    v.shape[static_cast<std::size_t>(k)] = static_cast<std::int64_t>(a.shape(k));
-    const auto stride = static_cast<std::int64_t>(a.strides(k));
-    if (a.shape(k) <= 1)
-      continue; // never followed
-    if (stride % static_cast<std::int64_t>(size) != 0)
-      throw error(errc::invalid_argument,
-                  std::string(arg) + ": the stride of dimension " + std::to_string(k) +
-                      " is not a multiple of the item size; pass np.ascontiguousarray(x)");
-    v.strides[static_cast<std::size_t>(k)] = stride / static_cast<std::int64_t>(size);
-  }
-  return v;
+// What lowbit::verify reads: a numpy array or a DLPack producer in host memory (any strides, any
+// dtype the kernels know; compare refuses the ones it cannot read, with its own message). The
+// Python layer has copied CUDA arrays to the host already.
+array_arg take_host(py::handle obj, const char* name) {
+  return take(obj, name, 0,
+              {{}, "is not supported; expected float32, float64, float16, bfloat16 (ml_dtypes), "
+                   "int8, int16, int32, or uint8/uint16/uint32 codes of a format"});
 }
 
-vf::report verify(const py::array& candidate, const py::array& reference,
+kernels::tensor_view host_view(const array_arg& a) {
+  if (a.dev.type != kernels::device_type::cpu)
+    fail(errc::invalid_argument, std::string(a.name) + ": in " + kernels::device_name(a.dev) +
+                                     " memory; lowbit.verify compares host memory");
+  if (a.shape.size() > static_cast<std::size_t>(kernels::max_dims))
+    fail(errc::invalid_argument, std::string(a.name) + ": at most " +
+                                     std::to_string(kernels::max_dims) + " dimensions, got " +
+                                     std::to_string(a.shape.size()) + "; reshape it");
+  return view_of(a);
+}
+
+vf::report verify(py::handle candidate, py::handle reference,
                   const std::optional<std::string>& policy_text, py::handle fmt_arg,
-                  const std::optional<py::array>& inputs, py::handle input_fmt_arg, int worst,
+                  py::handle inputs, py::handle input_fmt_arg, int worst,
                   const std::optional<py::array_t<double, py::array::c_style>>& bounds,
                   const std::string& bound_name) {
   const std::optional<emu::format> fmt = optional_format(fmt_arg, "format");
@@ -118,22 +76,28 @@ vf::report verify(const py::array& candidate, const py::array& reference,
   opt.worst = static_cast<std::size_t>(worst);
 
   vf::policy pol;
+  if (!bounds)
+    pol = vf::parse_policy(policy_text.value_or("exact"), fmt);
+  // The arrays stay alive (their DLPack capsules taken) until the comparison returns.
+  const array_arg ca = take_host(candidate, "candidate");
+  const array_arg ra = take_host(reference, "reference");
+  std::optional<array_arg> ia;
+  if (!inputs.is_none())
+    ia = take_host(inputs, "inputs");
   if (bounds) {
-    if (static_cast<py::ssize_t>(bounds->size()) != candidate.size())
+    if (static_cast<std::int64_t>(bounds->size()) != ca.numel())
       throw error(errc::invalid_argument,
                   "bound: the allowed errors have " + std::to_string(bounds->size()) +
-                      " elements, the arrays " + std::to_string(candidate.size()));
+                      " elements, the arrays " + std::to_string(ca.numel()));
     const double* b = bounds->data();
     pol = vf::bound([b](const vf::bound_args& a) { return b[a.flat_index]; }, bound_name);
     pol.format = fmt;
-  } else {
-    pol = vf::parse_policy(policy_text.value_or("exact"), fmt);
   }
-  const kernels::tensor_view c = host_view(candidate, "candidate");
-  const kernels::tensor_view r = host_view(reference, "reference");
+  const kernels::tensor_view c = host_view(ca);
+  const kernels::tensor_view r = host_view(ra);
   std::optional<kernels::tensor_view> in;
-  if (inputs)
-    in = host_view(*inputs, "inputs");
+  if (ia)
+    in = host_view(*ia);
   py::gil_scoped_release no_gil;
   return vf::compare(c, r, pol, in, opt);
 }
@@ -199,7 +163,7 @@ void bind_verify(py::module_& m) {
   m.def("verify", &verify, py::arg("candidate"), py::arg("reference"), py::arg("policy"),
         py::arg("format"), py::arg("inputs"), py::arg("input_format"), py::arg("worst"),
         py::arg("bounds"), py::arg("bound_name"),
-        "lowbit::verify::compare over numpy arrays (use lowbit.verify).");
+        "lowbit::verify::compare over host arrays (use lowbit.verify).");
 }
 
 } // namespace lowbit::python

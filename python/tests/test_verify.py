@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lowbit
+from dlfake import Fake
 from lowbit import _core
 
 import mlref
@@ -248,11 +249,6 @@ def test_worst_keeps_the_worst():
 # ---- errors --------------------------------------------------------------------------------
 
 
-class _DeviceArray:
-    def __dlpack_device__(self):
-        return (2, 0)  # kDLCUDA
-
-
 @pytest.mark.parametrize("args, kwargs, error, message", [
     ((np.zeros(3), np.zeros(4)), {}, ValueError,
      r"candidate has shape \(3,\) but reference has shape \(4,\)"),
@@ -275,8 +271,10 @@ class _DeviceArray:
     ((np.zeros(3, bool), np.zeros(3, bool)), {}, TypeError, "dtype bool is not supported"),
     ((np.uint8([0, 0x1F]), np.uint8([0, 0])), {"format": "e2m1fn"}, ValueError,
      r"candidate\[1\] = 0x1F is not a code of e2m1fn"),
-    ((_DeviceArray(), np.zeros(3)), {}, ValueError,
-     "candidate is in device memory .* compares host memory"),
+    ((Fake(np.zeros(3), device=(4, 0)), np.zeros(3)), {}, TypeError,
+     r"^candidate: memory on OpenCL \(DLPack device type 4\) is not supported"),
+    ((np.zeros((1,) * 9), np.zeros((1,) * 9)), {}, ValueError,
+     r"^candidate: at most 8 dimensions, got 9; reshape it"),
 ])
 def test_errors(args, kwargs, error, message):
     with pytest.raises(error, match=message):
