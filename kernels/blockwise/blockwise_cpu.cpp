@@ -1,7 +1,7 @@
 // CPU twin of block-wise codebook quantization and SRAM-quantiles: the per-element code of
 // blockwise_ops.hpp with blocks (chunks) processed in parallel. Absmax values are maxima (exact,
-// order-free) and the quantile averages are summed in chunk order, so the results equal the
-// GPU's bit for bit.
+// order-free) and the quantile averages are summed in the GPU's fixed two-level order (chunks
+// within groups, then groups), so the results equal the GPU's bit for bit.
 #include <algorithm>
 #include <vector>
 
@@ -122,13 +122,31 @@ void estimate_quantiles(const quantile_problem& p, const exec& ex) {
           grain_for(quantile_chunk));
     }
   });
+  // The order of the definition (blockwise.hpp), as the GPU sums: the exact products m_c * Q_q(c)
+  // in chunk order within each group of quantile_group chunks (groups in parallel), then the
+  // group sums in group order.
+  const std::int64_t groups = (p.chunks + quantile_group - 1) / quantile_group;
+  std::vector<double> sums(static_cast<std::size_t>(groups * k), 0.0);
+  parallel_for(
+      groups, ex.threads,
+      [&](std::int64_t g0, std::int64_t g1) {
+        for (std::int64_t g = g0; g < g1; ++g) {
+          double* s = sums.data() + g * k;
+          const std::int64_t c1 = std::min(p.chunks, (g + 1) * quantile_group);
+          for (std::int64_t c = g * quantile_group; c < c1; ++c) {
+            const double m = static_cast<double>(std::min(n - c * quantile_chunk, quantile_chunk));
+            const float* row = part.data() + c * k;
+            for (std::int64_t q = 0; q < k; ++q)
+              s[q] += m * static_cast<double>(row[q]);
+          }
+        }
+      },
+      1);
   float* out = p.out.ptr<float>();
   for (std::int64_t q = 0; q < k; ++q) {
     double acc = 0.0;
-    for (std::int64_t c = 0; c < p.chunks; ++c) {
-      const double m = static_cast<double>(std::min(n - c * quantile_chunk, quantile_chunk));
-      acc += m * static_cast<double>(part[static_cast<std::size_t>(c * k + q)]);
-    }
+    for (std::int64_t g = 0; g < groups; ++g)
+      acc += sums[static_cast<std::size_t>(g * k + q)];
     out[q] = static_cast<float>(acc / static_cast<double>(n));
   }
 }

@@ -2,9 +2,12 @@
 // bit for bit (codes, absmax, nested absmax, dequantized values, quantile estimates).
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/blockwise.hpp>
@@ -99,7 +102,10 @@ TEST(gpu_vs_cpu, sram_quantiles) {
   LOWBIT_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("gpu_vs_cpu.sram_quantiles", [] {
     const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
-    const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 1 << 20);
+    // Mostly one group of chunks (n <= 2^20), sometimes up to three (the two-level sums).
+    const std::int64_t n = *rc::gen::inRange(0, 4) == 0
+                               ? *rc::gen::inRange<std::int64_t>(1 << 20, 3 << 20)
+                               : *rc::gen::inRange<std::int64_t>(1, 1 << 20);
     const std::int64_t k = *rc::gen::element<std::int64_t>(256, 255, 1, 17, 4096);
     mirrored in(static_cast<std::size_t>(n) * kernels::dtype_size(in_t));
     fill(in, in_t, n, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 4) == 0);
@@ -108,6 +114,37 @@ TEST(gpu_vs_cpu, sram_quantiles) {
       kernels::estimate_quantiles(in.flat(gpu, in_t, n), out.flat(gpu, dtype::float32, k));
     RC_ASSERT(same_bytes(out.host, out.pull(), "quantile estimates"));
   }));
+}
+
+TEST(gpu_vs_cpu, sram_quantiles_group_order) {
+  LOWBIT_REQUIRE_GPU();
+  // Chunks of constant values whose products m_c Q(c) are 2^53, 1 (chunks 0 and 1) and 1, -2^53
+  // (the first two chunks of group 1): the definition's order gives 1 / n, the plain chunk order
+  // 0 (proptests/src/test_blockwise.cpp, sums_in_groups_of_chunks_then_groups).
+  const std::int64_t chunk = kernels::quantile_chunk, g = kernels::quantile_group;
+  const std::int64_t n = (g + 2) * chunk, k = 7;
+  std::vector<float> x(static_cast<std::size_t>(n), 0.0f);
+  const auto fill_chunk = [&](std::int64_t c, float v) {
+    std::fill(x.begin() + c * chunk, x.begin() + (c + 1) * chunk, v);
+  };
+  fill_chunk(0, std::ldexp(1.0f, 41));
+  fill_chunk(1, std::ldexp(1.0f, -12));
+  fill_chunk(g, std::ldexp(1.0f, -12));
+  fill_chunk(g + 1, -std::ldexp(1.0f, 41));
+  mirrored in(static_cast<std::size_t>(n) * 4);
+  std::memcpy(in.host.data(), x.data(), in.host.size());
+  in.push();
+  mirrored out(static_cast<std::size_t>(k) * 4);
+  for (bool gpu : {false, true})
+    kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n),
+                                out.flat(gpu, dtype::float32, k));
+  EXPECT_TRUE(same_bytes(out.host, out.pull(), "quantile estimates"));
+  const float want = static_cast<float>(1.0 / static_cast<double>(n));
+  for (std::int64_t i = 0; i < k; ++i) {
+    float v;
+    std::memcpy(&v, out.host.data() + 4 * i, 4);
+    EXPECT_EQ(v, want) << i;
+  }
 }
 
 } // namespace

@@ -29,6 +29,8 @@
 #include <lowbit/reference/blockwise.hpp>
 
 #include "support.hpp"
+// White box: the input loads of the kernels (cast_ops.hpp), for the GPU sort's skipped key bits.
+#include "../../kernels/cast/cast_ops.hpp"
 
 namespace {
 
@@ -760,37 +762,119 @@ TEST(sram_quantiles, one_chunk_gives_the_exact_quantiles) {
   });
 }
 
+// The definition's order, recomputed independently from per-chunk quantiles cq[c][i]: the exact
+// products m_c * cq[c][i] summed in double in chunk order within groups of quantile_group chunks,
+// the group sums added in group order, divided by n.
+std::vector<float> two_level_mean(const std::vector<std::vector<double>>& cq,
+                                  const std::vector<double>& m, double n) {
+  const std::size_t k = cq[0].size(), g = static_cast<std::size_t>(kernels::quantile_group);
+  std::vector<float> est(k);
+  for (std::size_t i = 0; i < k; ++i) {
+    double total = 0.0;
+    for (std::size_t c0 = 0; c0 < cq.size(); c0 += g) {
+      double group = 0.0;
+      for (std::size_t c = c0; c < std::min(cq.size(), c0 + g); ++c)
+        group += m[c] * cq[c][i];
+      total += group;
+    }
+    est[i] = static_cast<float>(total / n);
+  }
+  return est;
+}
+
+// The same products summed in plain chunk order (the order before the groups), to show that an
+// input tells the two orders apart.
+std::vector<float> chunk_order_mean(const std::vector<std::vector<double>>& cq,
+                                    const std::vector<double>& m, double n) {
+  std::vector<float> est(cq[0].size());
+  for (std::size_t i = 0; i < est.size(); ++i) {
+    double total = 0.0;
+    for (std::size_t c = 0; c < cq.size(); ++c)
+      total += m[c] * cq[c][i];
+    est[i] = static_cast<float>(total / n);
+  }
+  return est;
+}
+
+// Chunk quantiles by the reference's exact sort, and chunk lengths.
+void chunk_quantiles(const std::vector<float>& x, int k, std::vector<std::vector<double>>& cq,
+                     std::vector<double>& m) {
+  const auto chunk = static_cast<std::size_t>(kernels::quantile_chunk);
+  for (std::size_t c0 = 0; c0 < x.size(); c0 += chunk) {
+    const std::size_t c1 = std::min(x.size(), c0 + chunk);
+    cq.push_back(
+        ref::exact_quantiles(std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(c0),
+                                                 x.begin() + static_cast<std::ptrdiff_t>(c1)),
+                             k));
+    m.push_back(static_cast<double>(c1 - c0));
+  }
+}
+
 TEST(sram_quantiles, estimate_is_the_weighted_mean_of_chunk_quantiles) {
-  // An independent recomputation from the definition (chunk quantiles by the reference's exact
-  // sort, weighted mean in double in chunk order).
+  // An independent recomputation from the definition, over more than two groups of chunks and a
+  // short last chunk.
   std::mt19937_64 gen(11);
   std::normal_distribution<double> nd;
-  std::vector<float> x(3 * 4096 + 1000);
+  std::vector<float> x(static_cast<std::size_t>((2 * kernels::quantile_group + 37) *
+                                                    kernels::quantile_chunk +
+                                                1000));
   for (auto& v : x)
     v = static_cast<float>(nd(gen));
   const int k = 256;
   const auto q = estimate(x, k);
-  std::vector<double> acc(k, 0.0);
-  for (std::size_t c0 = 0; c0 < x.size(); c0 += 4096) {
-    const std::size_t c1 = std::min(x.size(), c0 + 4096);
-    const auto cq =
-        ref::exact_quantiles(std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(c0),
-                                                 x.begin() + static_cast<std::ptrdiff_t>(c1)),
-                             k);
-    for (int i = 0; i < k; ++i)
-      acc[static_cast<std::size_t>(i)] +=
-          static_cast<double>(c1 - c0) * cq[static_cast<std::size_t>(i)];
-  }
-  for (int i = 0; i < k; ++i)
-    EXPECT_EQ(q[static_cast<std::size_t>(i)],
-              static_cast<float>(acc[static_cast<std::size_t>(i)] / static_cast<double>(x.size())))
-        << i;
+  std::vector<std::vector<double>> cq;
+  std::vector<double> m;
+  chunk_quantiles(x, k, cq, m);
+  EXPECT_EQ(q, two_level_mean(cq, m, static_cast<double>(x.size())));
   // Deterministic across thread counts.
   std::vector<float> q1(static_cast<std::size_t>(k));
   kernels::estimate_quantiles(
       tensor_view::contiguous(x.data(), dtype::float32, {static_cast<std::int64_t>(x.size())}),
       tensor_view::contiguous(q1.data(), dtype::float32, {k}), kernels::exec{1, nullptr});
   EXPECT_EQ(q, q1);
+}
+
+TEST(sram_quantiles, sums_in_groups_of_chunks_then_groups) {
+  // Chunks of constant values, so every chunk quantile is the chunk's value; products m_c Q(c):
+  // 2^53 (chunk 0), 1 (chunk 1), 1 (first chunk of group 1), -2^53 (next chunk), 0 elsewhere.
+  // In chunk order 2^53 + 1 rounds to 2^53 (tie to even) twice and the total is 0; in groups,
+  // group 0 gives 2^53, group 1 gives 1 - 2^53 (exact), and the total is 1.
+  const std::int64_t chunk = kernels::quantile_chunk, g = kernels::quantile_group;
+  std::vector<float> x(static_cast<std::size_t>((g + 2) * chunk), 0.0f);
+  const auto fill_chunk = [&](std::int64_t c, float v) {
+    std::fill(x.begin() + c * chunk, x.begin() + (c + 1) * chunk, v);
+  };
+  fill_chunk(0, std::ldexp(1.0f, 41));
+  fill_chunk(1, std::ldexp(1.0f, -12));
+  fill_chunk(g, std::ldexp(1.0f, -12));
+  fill_chunk(g + 1, -std::ldexp(1.0f, 41));
+  const int k = 7;
+  const auto q = estimate(x, k);
+  std::vector<std::vector<double>> cq;
+  std::vector<double> m;
+  chunk_quantiles(x, k, cq, m);
+  const double n = static_cast<double>(x.size());
+  const auto want = two_level_mean(cq, m, n);
+  const auto plain = chunk_order_mean(cq, m, n);
+  for (int i = 0; i < k; ++i) {
+    ASSERT_EQ(want[static_cast<std::size_t>(i)], static_cast<float>(1.0 / n)) << i;
+    ASSERT_EQ(plain[static_cast<std::size_t>(i)], 0.0f) << i; // the input tells the orders apart
+  }
+  EXPECT_EQ(q, want);
+}
+
+TEST(sram_quantiles, half_inputs_leave_the_low_key_bits_zero) {
+  // The GPU sort skips the low 13 (float16) and 16 (bfloat16) bits of the keys (blockwise.cu,
+  // key_skip_bits): every code of those types must load as a float32 with those bits 0.
+  namespace cast_ops = lowbit::kernels::cast_ops;
+  int bad16 = 0, bad_bf16 = 0;
+  for (std::uint32_t c = 0; c < 65536; ++c) {
+    const auto h = static_cast<std::uint16_t>(c);
+    bad16 += (bits_of(cast_ops::load(cast_ops::f16_bits{h})) & 0x1FFFu) != 0;
+    bad_bf16 += (bits_of(cast_ops::load(cast_ops::bf16_bits{h})) & 0xFFFFu) != 0;
+  }
+  EXPECT_EQ(bad16, 0);
+  EXPECT_EQ(bad_bf16, 0);
 }
 
 // Rank error of an estimate v of quantile p: |F(v) - p| with the mid-rank empirical CDF

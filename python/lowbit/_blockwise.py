@@ -308,8 +308,9 @@ def estimate_quantiles(x: Any, k: int = 256, *, threads: int = 0) -> Any:
     x is read flat and cut into chunks of 4096 elements (the last may be shorter); each chunk is
     sorted (IEEE total order: NaNs and signed zeros have a place) and gives its order statistics
     ``s[floor((2i + 1) m / (2k))]`` (m its length); estimate i is their average weighted by m,
-    summed in double in chunk order and rounded once to float32. Deterministic, and equal on CPU
-    and GPU; with at most 4096 elements the quantiles are exact. See
+    summed in double in a fixed order (chunk order within groups of 256 chunks, then the groups in
+    order) and rounded once to float32. Deterministic, and equal on CPU and GPU; with at most 4096
+    elements the quantiles are exact. See
     docs/techniques/sram-quantiles.md (measured rank errors are there).
 
     x: float32, float16 or bfloat16, contiguous, at least one element; numpy or a DLPack producer.

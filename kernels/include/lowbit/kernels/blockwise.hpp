@@ -98,8 +98,12 @@ void dequantize_blockwise_nested(const tensor_view& codes, const nested_absmax& 
 // float16 or bfloat16, contiguous, at least one element) into out (float32, contiguous, same
 // device). x is cut into chunks of quantile_chunk elements (the last may be shorter); each chunk
 // is sorted and gives its quantiles s[floor((2i + 1) m / (2k))] (m its length); estimate i is
-// the average of the chunk quantiles weighted by m, summed in double in chunk order.
+// the average of the chunk quantiles weighted by m, summed in double in a fixed two-level order:
+// the products m_c * Q_i(c) (exact) summed in chunk order within each group of quantile_group
+// consecutive chunks, then the group sums added in group order, then divided by n (so that the
+// GPU can sum the groups in parallel and still equal the CPU twin bit for bit).
 inline constexpr std::int64_t quantile_chunk = 4096;
+inline constexpr std::int64_t quantile_group = 256;
 void estimate_quantiles(const tensor_view& x, const tensor_view& out, const exec& ex = {});
 
 } // namespace lowbit::kernels
