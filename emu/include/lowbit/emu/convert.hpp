@@ -190,17 +190,69 @@ struct signed_result {
   }
 };
 
-// float -> f, nearest-even, in about eighteen operations: on the normal grid, round the float's
+// Formats whose every special result is a magnitude plus the input's sign (signed, with a
+// negative zero: the IEEE-like, fn and no-special formats), except NaNs that the policy makes
+// positive. For them nearest-even needs no per-element branch on the policy at all: the
+// constants below depend on (format, policy) only, so kernels hoist them out of their loops
+// (quantization kernels also adjust nan_keep per group, see quantize_ops.hpp).
+LOWBIT_HD LOWBIT_INLINE constexpr bool rne_symmetric(const format& f) {
+  return rne_short_path(f) && f.is_signed && f.has_negative_zero();
+}
+
+struct rne_encoder {
+  float magic;                 // 2^(emin - man + 23), or 2^(emin + 24) when subnormals flush
+  std::uint32_t over;          // overflow magnitude: max, or max + 1 (Inf, or fn's NaN)
+  std::uint32_t special_above; // |x| bits above which the result is `nan`: NaN inputs, and
+                               // overflows too where they give a NaN the policy makes positive
+  std::uint32_t nan;           // magnitude of the NaN result (0 where the format has no NaN)
+  std::uint32_t nan_keep;      // sign bit kept on it: the format's sign mask, or 0
+
+  LOWBIT_HD LOWBIT_INLINE static constexpr rne_encoder make(const format& f, const policy& p) {
+    const int s = 23 - f.man_bits;
+    const std::uint32_t over = overflow_code(f, false, p);
+    const bool over_signed = overflow_code(f, true, p) != over;
+    // Smallest |x| bits rounding past max: the midpoint above max, or one above it where
+    // nearest-even keeps the tie at an even max.
+    const std::uint32_t max_bits = (f.max_code() + (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits)) << s;
+    std::uint32_t first_over = max_bits + (1u << (s - 1)) + ((f.max_code() & 1u) ^ 1u);
+    if (first_over > 0x7F800000u) first_over = 0x7F800000u;  // Inf overflows in any format
+    const std::uint32_t nan = nan_code(f, false, p);
+    return {p.sub == subnormals::flush ? pow2<float>(f.emin() + 24)
+                                       : pow2<float>(f.emin() - f.man_bits + 23),
+            over, over_signed ? 0x7F800000u : first_over - 1u, nan, nan_code(f, true, p) ^ nan};
+  }
+
+  // a: |x| as float bits (any NaN > 0x7F800000); sign: x's sign in bit 31, other bits ignored.
+  LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t operator()(const format& f, std::uint32_t a,
+                                                             std::uint32_t sign) const {
+    const int s = 23 - f.man_bits;
+    const std::uint32_t normal = ((a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s) -
+                                 (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);
+    const std::uint32_t sub =
+        bit_cast<std::uint32_t>(bit_cast<float>(a) + magic) - bit_cast<std::uint32_t>(magic);
+    const bool below_normal = a < (static_cast<std::uint32_t>(f.emin() + 127) << 23);
+    std::uint32_t mag = below_normal ? sub : normal;
+    mag = mag < over ? mag : over;  // Inf included
+    const bool special = a > special_above;
+    const std::uint32_t keep = special ? nan_keep : f.sign_mask();
+    mag = special ? nan : mag;
+    return mag | ((sign >> (31 - (f.exp_bits + f.man_bits))) & keep);
+  }
+};
+
+// float -> f, nearest-even, in about a dozen operations: on the normal grid, round the float's
 // own bits at the target's last mantissa place (the carry runs into the exponent by itself) and
 // re-bias the exponent; below it, one float addition of 2^(emin - man + 23) lines the target's
 // subnormal quantum up with the float's last place, and the FPU's nearest-even rounding does the
 // rest. Flushing subnormals is the same addition with 2^(emin + 24), whose half-ulp 2^emin
 // exceeds every value below the normal range, so they all round to zero (tininess before
-// rounding). Overflow (Inf included) and NaN select precomputed results; the sign is one mask.
+// rounding). Overflow (Inf included) is a min with the overflow code, NaN a select; the sign is
+// one mask. Formats without negative zero or without sign take the general form below.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float(const format& f, float x,
                                                                  const policy& p) {
   const auto b = bit_cast<std::uint32_t>(x);
   const std::uint32_t a = b & 0x7FFFFFFFu;
+  if (rne_symmetric(f)) return rne_encoder::make(f, p)(f, a, b);
   const int s = 23 - f.man_bits;
   const std::uint32_t normal = ((a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s) -
                                (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);

@@ -47,6 +47,18 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::int32_t quantize_int(const int_format& f,
   using U = typename tr::bits_type;
   constexpr U sign_bit = U{1} << (tr::width - 1);
   constexpr U inf_bits = ((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man;
+  if constexpr (sizeof(T) == 4) {
+    if (p.round == rounding::nearest_even) {
+      // Clamp into [min, max] (integers, so clamping and rounding commute), then let the FPU
+      // round: adding 1.5 * 2^23 leaves round-half-even(c) in the low bits, for |c| < 2^22.
+      const float lo = static_cast<float>(f.min()), hi = static_cast<float>(f.max());
+      float c = x < lo ? lo : x;
+      c = c > hi ? hi : c;
+      const auto r = static_cast<std::int32_t>(detail::bit_cast<std::uint32_t>(c + 12582912.0f) -
+                                               0x4B400000u);
+      return x != x ? 0 : r;
+    }
+  }
   const U b = detail::bit_cast<U>(x);
   const bool neg = (b & sign_bit) != 0;
   const U a = b & ~sign_bit;
