@@ -1,14 +1,17 @@
 // CUDA kernels of block-wise codebook quantization and SRAM-quantiles. Per-element results come
 // from blockwise_ops.hpp (shared with the CPU twin); this file only organizes the work:
 //
-//   quantize   : one thread block per quantization block at a time (grid-stride over blocks),
-//                min(block, 256) threads; the codebook tables live in shared memory; amax by a
-//                block max (exact, order-free), then every element's code. Nested: the same
-//                kernel runs again over the float absmax values (blocks of 256).
-//   dequantize : one thread per element, the codebook(s) in shared memory.
+//   quantize   : the group pass of common/group_pass.cuh (blocks held in registers, 16-byte
+//                loads, amax by shuffles), each element's nearest entry found through a bucket
+//                table of the codebook (blockwise_ops.hpp) built on the device per call and
+//                copied into each thread block's shared memory. Nested: the same pass runs
+//                again over the float absmax values (blocks of 256).
+//   dequantize : the element-wise map (16-byte stores), the codebook in shared memory, the
+//                absmax values through the read-only cache.
 //   quantiles  : one thread block per chunk of 4096 values: cub::BlockRadixSort of the
 //                total-order keys (512 threads x 8 keys), the chunk's k quantiles to a scratch
-//                table; then one thread per quantile sums the chunks in chunk order, in double.
+//                table; then the two-level sum of blockwise.hpp (one thread per group of
+//                quantile_group chunks and quantile, then one thread per quantile), in double.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_radix_sort.cuh>
@@ -18,6 +21,7 @@
 
 #include "../cast/cast_ops.hpp"
 #include "../common/cuda_map.cuh"
+#include "../common/group_pass.cuh"
 #include "blockwise_internal.hpp"
 
 namespace lowbit::kernels::cuda {
@@ -26,80 +30,128 @@ namespace {
 
 namespace ops = blockwise_ops;
 
-struct codebook_values {
-  float v[256];
+__global__ void buckets_kernel(const ops::tables* __restrict__ tb,
+                               std::uint16_t* __restrict__ buckets) {
+  const std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u < ops::bucket_count)
+    buckets[u] = ops::bucket_bounds(tb->sum_hi, tb->sum_lo, u);
+}
+
+// The codebook tables with their bucket table (blockwise_ops.hpp) as one 16-byte aligned blob in
+// device memory, built on the caller's stream for one call; the kernels copy it into shared
+// memory (their lookups are data dependent: shared memory serves them at far more lookups per
+// cycle than the L1 cache).
+constexpr int tables_bytes = (sizeof(ops::tables) + 15) / 16 * 16;
+constexpr int blob_bytes = tables_bytes + static_cast<int>(sizeof(std::uint16_t) * ops::bucket_count);
+
+class device_codebook {
+public:
+  device_codebook(const ops::tables& tb, cudaStream_t stream) : mem_(blob_bytes, stream) {
+    LOWBIT_CUDA_CHECK(
+        cudaMemcpyAsync(mem_.as<ops::tables>(), &tb, sizeof(ops::tables), cudaMemcpyHostToDevice, stream));
+    buckets_kernel<<<ops::bucket_count / 256, 256, 0, stream>>>(
+        mem_.as<ops::tables>(), reinterpret_cast<std::uint16_t*>(mem_.as<unsigned char>() + tables_bytes));
+    check_launch("blockwise buckets_kernel");
+  }
+  const unsigned char* blob() const { return mem_.as<unsigned char>(); }
+
+private:
+  scratch mem_;
 };
 
-template <class In>
-__global__ void __launch_bounds__(256)
-    quantize_kernel(const In* __restrict__ x, std::int64_t n, std::int64_t block,
-                    std::int64_t blocks, std::uint8_t* __restrict__ codes,
-                    float* __restrict__ absmax, ops::tables tb_in, std::uint32_t zero_code,
-                    bool stochastic, emu::random_stream rng) {
-  __shared__ ops::tables tb;
-  for (int j = threadIdx.x; j < 256; j += blockDim.x)
-    tb.value[j] = tb_in.value[j];
-  for (int j = threadIdx.x; j < 255; j += blockDim.x) {
-    tb.sum_hi[j] = tb_in.sum_hi[j];
-    tb.sum_lo[j] = tb_in.sum_lo[j];
+// Block-wise quantization as a group rule (common/group_pass.cuh): the stored absmax, and each
+// element's code, exactly ops::encode with the bucket search in place of the binary search.
+struct codebook_rule {
+  using scale_type = float;
+  static constexpr int shared_bytes = blob_bytes;
+  struct group {
+    std::uint32_t amax;
+  };
+  const unsigned char* blob;  // device memory, then shared memory
+  std::uint32_t zero_code;
+  bool sr;
+  __device__ codebook_rule to_shared(unsigned char* smem) const {
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    const auto* src = reinterpret_cast<const uint4*>(blob);
+    auto* dst = reinterpret_cast<uint4*>(smem);
+    for (int j = tid; j < blob_bytes / 16; j += nt)
+      dst[j] = __ldg(src + j);
+    return {smem, zero_code, sr};
   }
-  __syncthreads();
-  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const std::int64_t i0 = b * block, i1 = min(n, i0 + block);
-    std::uint32_t m = 0;
-    for (std::int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
-      m = max(m, ops::abs_bits(cast_ops::load(x[i])));
-    m = block_max(m);
-    if (threadIdx.x == 0)
-      absmax[b] = ops::stored_absmax(m);
-    for (std::int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-      const std::uint32_t rb = stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
-      codes[i] = static_cast<std::uint8_t>(
-          ops::encode(tb, cast_ops::load(x[i]), m, stochastic, rb, zero_code));
-    }
+  __device__ group begin(std::uint32_t amax_bits) const { return {amax_bits}; }
+  __device__ float stored(const group& g) const { return ops::stored_absmax(g.amax); }
+  __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
+    if (ops::poisoned(g.amax))
+      return zero_code;
+    const float t = ops::normalized(x, g.amax);
+    const auto* tb = reinterpret_cast<const ops::tables*>(blob);
+    return sr ? ops::stochastic_index(tb->value, t, rbits)
+              : ops::nearest_by_buckets(reinterpret_cast<const std::uint16_t*>(blob + tables_bytes),
+                                        tb->sum_hi, tb->sum_lo, t);
   }
-}
+  __device__ bool stochastic() const { return sr; }
+};
 
 template <class In>
 void launch_quantize(const In* x, std::int64_t n, std::int64_t block, std::uint8_t* codes,
                      float* absmax, const ops::tables& tb, std::uint32_t zero_code, bool stochastic,
                      const emu::random_stream& rng, cudaStream_t stream) {
-  const std::int64_t blocks = blockwise_blocks(n, block);
-  if (blocks == 0)
+  if (n == 0)
     return;
-  const int threads = static_cast<int>(std::min<std::int64_t>(block, 256));
-  const unsigned grid = static_cast<unsigned>(
-      std::min<std::int64_t>(blocks, static_cast<std::int64_t>(sm_count()) * (2048 / threads)));
-  quantize_kernel<<<grid, threads, 0, stream>>>(x, n, block, blocks, codes, absmax, tb, zero_code,
-                                                stochastic, rng);
-  check_launch("blockwise quantize_kernel");
+  const device_codebook cb(tb, stream);
+  const matrix_shape flat{1, n, n};
+  launch_groups(x, flat, codes, flat, absmax, 1, block,
+                codebook_rule{cb.blob(), zero_code, stochastic}, rng, stream);
 }
 
-__global__ void __launch_bounds__(256)
-    dequantize_kernel(const std::uint8_t* __restrict__ codes, std::int64_t n, int block_log2,
-                      const float* __restrict__ absmax, const std::uint8_t* __restrict__ codes2,
-                      const float* __restrict__ absmax2, codebook_values cb_in,
-                      codebook_values cb2_in, bool nested, float* __restrict__ out) {
-  __shared__ float cb[256], cb2[256];
-  for (int j = threadIdx.x; j < 256; j += blockDim.x) {
-    cb[j] = cb_in.v[j];
-    cb2[j] = cb2_in.v[j];
+// Dequantization in the element-wise map: out[i] = cb[codes[i]] * a[i / block], the codebook(s)
+// in shared memory, the absmax values through the read-only cache.
+struct dequant_op {
+  static constexpr bool needs_position = false, needs_index = true;
+  static constexpr int shared_floats = 512;
+  const float* cb;             // cb[0..255], cb2 at cb + 256 (nested)
+  const float* absmax;         // plain
+  const std::uint8_t* codes2;  // nested: a = cb2[codes2[b]] * absmax2[b / nested_block]
+  const float* absmax2;
+  int block_log2;
+  __device__ dequant_op to_shared(float* table) const {
+    for (int j = threadIdx.x; j < shared_floats; j += blockDim.x)
+      table[j] = __ldg(cb + j);
+    dequant_op o = *this;
+    o.cb = table;
+    return o;
   }
-  __syncthreads();
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  __device__ float operator()(std::uint8_t c, std::int64_t i, std::int64_t, std::uint32_t) const {
     const std::int64_t b = i >> block_log2;
-    const float a = nested ? ops::decode(cb2[codes2[b]], absmax2[b / nested_block]) : absmax[b];
-    out[i] = ops::decode(cb[codes[i]], a);
+    const float a = codes2 == nullptr
+                        ? __ldg(absmax + b)
+                        : ops::decode(cb[256 + __ldg(codes2 + b)], __ldg(absmax2 + b / nested_block));
+    return ops::decode(cb[c], a);
   }
-}
+};
 
 // ---- SRAM-quantiles
 // ------------------------------------------------------------------------------
 
+// 512 threads x 8 keys, CUB's default 4-bit digits: 2 blocks per SM by registers. Other shapes
+// trade shared-memory traffic per key against occupancy (docs/techniques/sram-quantiles.md).
 constexpr int sort_threads = 512, sort_items = 8;
 static_assert(sort_threads * sort_items == quantile_chunk);
 
+// Low key bits the sort skips: a float16 value has at most 11 significant bits and a bfloat16
+// value 8, so the low 13 (16) bits of the float32 from cast_ops::load are 0 (NaNs decode to the
+// quiet NaN), and order_key keeps or inverts them with the sign. Keys equal on the other bits are
+// then equal: 5 (4) radix passes instead of 8, the same sorted keys.
+template <class In>
+constexpr int key_skip_bits = 0;
+template <>
+constexpr int key_skip_bits<cast_ops::f16_bits> = 13;
+template <>
+constexpr int key_skip_bits<cast_ops::bf16_bits> = 16;
+
+// One chunk per block at a time (grid-stride). The sort's output is the chunk's keys in order
+// whatever arrangement they enter in, so the loads are striped (each warp reads consecutive
+// elements) rather than blocked.
 template <class In>
 __global__ void __launch_bounds__(sort_threads)
     chunk_quantiles_kernel(const In* __restrict__ x, std::int64_t n, std::int64_t chunks,
@@ -107,21 +159,24 @@ __global__ void __launch_bounds__(sort_threads)
   using sorter = cub::BlockRadixSort<std::uint32_t, sort_threads, sort_items>;
   __shared__ typename sorter::TempStorage temp;
   __shared__ std::uint32_t sorted[quantile_chunk];
+  constexpr int skip = key_skip_bits<In>;
+  // Padding: no smaller than any key of the type, and equal in full to any key that ties with it
+  // on the sorted bits, so the m real keys fill positions 0..m-1 (the only ones read).
+  constexpr std::uint32_t padding = 0xFFFFFFFFu << skip;
   for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const std::int64_t i0 = c * quantile_chunk;
     const std::int64_t m = min(n - i0, quantile_chunk);
     std::uint32_t keys[sort_items];
 #pragma unroll
     for (int j = 0; j < sort_items; ++j) {
-      const std::int64_t pos = static_cast<std::int64_t>(threadIdx.x) * sort_items + j;
-      // Padding sorts last (the largest key) and is never read: positions stay below m.
+      const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
       keys[j] =
           pos < m
               ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(x[i0 + pos])))
-              : 0xFFFFFFFFu;
+              : padding;
     }
     __syncthreads(); // temp and sorted may still be read for the previous chunk
-    sorter(temp).Sort(keys);
+    sorter(temp).Sort(keys, skip, 32);
 #pragma unroll
     for (int j = 0; j < sort_items; ++j)
       sorted[threadIdx.x * sort_items + j] = keys[j];
@@ -132,17 +187,34 @@ __global__ void __launch_bounds__(sort_threads)
   }
 }
 
-// Estimate q: sum over chunks, in chunk order, of m_c * quantile (exact products in double).
-__global__ void average_quantiles_kernel(const float* __restrict__ part, std::int64_t n,
-                                         std::int64_t chunks, std::int64_t k,
-                                         float* __restrict__ out) {
+// The first level of the definition's order (blockwise.hpp): thread (g, q) sums m_c * Q_q(c)
+// (exact products) over the chunks of group g, in chunk order, into sums[g * k + q].
+// Consecutive threads take consecutive quantiles, so each chunk's row is read coalesced.
+__global__ void group_sums_kernel(const float* __restrict__ part, std::int64_t n,
+                                  std::int64_t chunks, std::int64_t k, std::int64_t groups,
+                                  double* __restrict__ sums) {
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       t < groups * k; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t g = t / k, q = t - g * k;
+    const std::int64_t c0 = g * quantile_group, c1 = min(chunks, c0 + quantile_group);
+    double acc = 0.0;
+#pragma unroll 8
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const double m = static_cast<double>(min(n - c * quantile_chunk, quantile_chunk));
+      acc = __dadd_rn(acc, __dmul_rn(m, static_cast<double>(__ldg(part + c * k + q))));
+    }
+    sums[t] = acc;
+  }
+}
+
+// The second level: estimate q = (group sums added in group order) / n.
+__global__ void total_sums_kernel(const double* __restrict__ sums, std::int64_t n,
+                                  std::int64_t groups, std::int64_t k, float* __restrict__ out) {
   for (std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < k;
        q += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     double acc = 0.0;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const double m = static_cast<double>(min(n - c * quantile_chunk, quantile_chunk));
-      acc = __dadd_rn(acc, __dmul_rn(m, static_cast<double>(part[c * k + q])));
-    }
+    for (std::int64_t g = 0; g < groups; ++g)
+      acc = __dadd_rn(acc, sums[g * k + q]);
     out[q] = __double2float_rn(__ddiv_rn(acc, static_cast<double>(n)));
   }
 }
@@ -176,18 +248,20 @@ void quantize_blockwise(const blockwise_problem& p, const exec& ex) {
 void dequantize_blockwise(const blockwise_dequant_problem& p, const exec& ex) {
   if (p.n == 0)
     return;
-  codebook_values cb, cb2;
-  std::copy(p.value, p.value + 256, cb.v);
-  std::copy(p.nested ? p.value2 : p.value, (p.nested ? p.value2 : p.value) + 256, cb2.v);
+  const cudaStream_t stream = stream_of(ex);
+  scratch cbs(sizeof(float) * 512, stream);
+  float* cb = cbs.as<float>();
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(cb, p.value, sizeof(float) * 256, cudaMemcpyHostToDevice, stream));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(cb + 256, p.nested ? p.value2 : p.value, sizeof(float) * 256,
+                                    cudaMemcpyHostToDevice, stream));
   int block_log2 = 0;
   while ((std::int64_t{1} << block_log2) < p.block)
     ++block_log2;
-  dequantize_kernel<<<grid_for(p.n, 256), 256, 0, stream_of(ex)>>>(
-      p.codes.ptr<const std::uint8_t>(), p.n, block_log2,
-      p.nested ? nullptr : p.absmax.ptr<const float>(),
-      p.nested ? p.codes2.ptr<const std::uint8_t>() : nullptr,
-      p.nested ? p.absmax2.ptr<const float>() : nullptr, cb, cb2, p.nested, p.out.ptr<float>());
-  check_launch("blockwise dequantize_kernel");
+  const dequant_op op{cb, p.nested ? nullptr : p.absmax.ptr<const float>(),
+                      p.nested ? p.codes2.ptr<const std::uint8_t>() : nullptr,
+                      p.nested ? p.absmax2.ptr<const float>() : nullptr, block_log2};
+  launch_map(p.codes.ptr<const std::uint8_t>(), p.n, p.out.ptr<float>(), p.n, 1, p.n, op, false, {},
+             stream);
 }
 
 void estimate_quantiles(const quantile_problem& p, const exec& ex) {
@@ -196,16 +270,26 @@ void estimate_quantiles(const quantile_problem& p, const exec& ex) {
   cast_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
-      const unsigned grid = static_cast<unsigned>(
-          std::min<std::int64_t>(p.chunks, static_cast<std::int64_t>(sm_count()) * 4));
+      // Exactly one wave of resident blocks, each looping over chunks: no partial last wave,
+      // whatever the kernel's occupancy.
+      int per_sm = 0;
+      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, chunk_quantiles_kernel<In>, sort_threads, 0));
+      const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(
+          p.chunks, static_cast<std::int64_t>(sm_count()) * std::max(per_sm, 1)));
       chunk_quantiles_kernel<<<grid, sort_threads, 0, stream>>>(p.x.ptr<const In>(), p.n, p.chunks,
                                                                 p.k, part.as<float>());
       check_launch("chunk_quantiles_kernel");
     }
   });
-  average_quantiles_kernel<<<grid_for(p.k, 256), 256, 0, stream>>>(
-      part.as<const float>(), p.n, p.chunks, p.k, p.out.ptr<float>());
-  check_launch("average_quantiles_kernel");
+  const std::int64_t groups = (p.chunks + quantile_group - 1) / quantile_group;
+  scratch sums(sizeof(double) * static_cast<std::size_t>(groups * p.k), stream);
+  group_sums_kernel<<<grid_for(groups * p.k, 256), 256, 0, stream>>>(
+      part.as<const float>(), p.n, p.chunks, p.k, groups, sums.as<double>());
+  check_launch("group_sums_kernel");
+  total_sums_kernel<<<grid_for(p.k, 256), 256, 0, stream>>>(sums.as<const double>(), p.n, groups,
+                                                            p.k, p.out.ptr<float>());
+  check_launch("total_sums_kernel");
 }
 
 } // namespace lowbit::kernels::cuda

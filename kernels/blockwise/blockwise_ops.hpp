@@ -69,6 +69,45 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_index(const float* sum_hi, const f
   return idx;
 }
 
+// ---- the nearest-entry search through buckets (CUDA kernels) -----------------------------------
+//
+// nearest_index is monotone in t, so every t whose float bits share a bucket (sign, exponent and
+// top 6 mantissa bits; |t| <= 1 keeps the exponent field below 128, hence 2^14 buckets) has its
+// nearest index between those of the bucket's two ends. A table holds both ends' indices; a walk
+// over the midpoints between them, with the same exact comparison, ends at the same index as the
+// binary search. For the built-in codebooks a bucket holds at most one midpoint, so the walk is
+// one comparison at most; any sorted codebook gives the same results, only slower where entries
+// crowd.
+inline constexpr std::uint32_t bucket_count = 1u << 14;
+
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
+  const auto b = bit_cast<std::uint32_t>(t);
+  return ((b >> 18) & 0x2000u) | ((b >> 17) & 0x1FFFu);
+}
+
+// Table entry of bucket u: the lower end's index in bits 0-7, the upper end's in bits 8-15.
+LOWBIT_HD inline std::uint16_t bucket_bounds(const float* sum_hi, const float* sum_lo,
+                                             std::uint32_t u) {
+  const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);
+  const std::uint32_t i0 = nearest_index(sum_hi, sum_lo, bit_cast<float>(first));
+  const std::uint32_t i1 = nearest_index(sum_hi, sum_lo, bit_cast<float>(first | 0x1FFFFu));
+  const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
+  return static_cast<std::uint16_t>(lo | (hi << 8));
+}
+
+// nearest_index(t) for |t| <= 1 (not NaN), from the bucket table.
+LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_by_buckets(const std::uint16_t* buckets,
+                                                         const float* sum_hi, const float* sum_lo,
+                                                         float t) {
+  const std::uint32_t b = buckets[bucket_of(t)];
+  std::uint32_t idx = b & 0xFFu;
+  const std::uint32_t hi = b >> 8;
+  const float t2 = t + t;
+  while (idx < hi && above(t2, sum_hi[idx], sum_lo[idx]))
+    ++idx;
+  return idx;
+}
+
 // Number of entries <= t (0..256), branch-free.
 LOWBIT_HD LOWBIT_INLINE std::uint32_t count_at_most(const float* value, float t) {
   std::uint32_t idx = 0;

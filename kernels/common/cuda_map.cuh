@@ -16,13 +16,28 @@ namespace lowbit::kernels::cuda {
 
 constexpr int map_threads = 256;
 
-// An op may load per-kernel values (a scale kept in device memory) once per thread: prepare().
+// Ops that set `needs_index` receive the element's row-major index i in place of the row (and
+// 0 as the column): cheaper than (row, col) when the op only needs i.
 template <class Op>
-__device__ __forceinline__ Op prepared(const Op& op) {
-  if constexpr (requires { op.prepare(); })
-    return op.prepare();
-  else
-    return op;
+inline constexpr bool wants_index = [] {
+  if constexpr (requires { Op::needs_index; }) return Op::needs_index;
+  else return false;
+}();
+
+// An op may load per-kernel values (a scale kept in device memory) once per thread: prepare();
+// and an op with `static constexpr int shared_floats` gets that many floats of shared memory
+// through `to_shared(p)` (called by every thread, which copies its share; a barrier follows),
+// for tables read at data-dependent positions.
+template <class Op>
+__device__ __forceinline__ Op prepared(const Op& op_in) {
+  Op op = op_in;
+  if constexpr (requires { op.prepare(); }) op = op.prepare();
+  if constexpr (requires { Op::shared_floats; }) {
+    __shared__ float table[Op::shared_floats];
+    op = op.to_shared(table);
+    __syncthreads();
+  }
+  return op;
 }
 
 // The flat map's access pattern: each thread moves chunks of C elements (a 16-byte access on the
@@ -75,7 +90,7 @@ __global__ void __launch_bounds__(map_threads)
         vec<Out, C> y;
 #pragma unroll
         for (int j = 0; j < C; ++j) {
-          y.v[j] = op(x[u].v[j], rr, cc, r[j]);
+          y.v[j] = op(x[u].v[j], wants_index<Op> ? i + j : rr, cc, r[j]);
           if constexpr (Op::needs_position) {
             if (++cc == cols) {  // a chunk may straddle rows
               cc = 0;
@@ -90,7 +105,7 @@ __global__ void __launch_bounds__(map_threads)
       for (std::int64_t i = base + threadIdx.x; i < n; i += map_threads) {
         const std::uint32_t rb = stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
         const std::int64_t rr = Op::needs_position ? i / cols : 0;
-        out[i] = op(in[i], rr, Op::needs_position ? i - rr * cols : 0, rb);
+        out[i] = op(in[i], wants_index<Op> ? i : rr, Op::needs_position ? i - rr * cols : 0, rb);
       }
     }
   }
@@ -110,7 +125,8 @@ __global__ void __launch_bounds__(map_threads)
          c < cols; c += col_step) {
       const std::uint64_t i = static_cast<std::uint64_t>(r * cols + c);
       const std::uint32_t rb = stochastic ? rng.bits(i) : 0u;
-      out[r * out_rs + c] = op(in[r * in_rs + c], r, c, rb);
+      out[r * out_rs + c] =
+          op(in[r * in_rs + c], wants_index<Op> ? static_cast<std::int64_t>(i) : r, c, rb);
     }
   }
 }

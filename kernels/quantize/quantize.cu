@@ -2,16 +2,17 @@
 // quantize_ops.hpp (shared with the CPU twin); this file only organizes the work:
 //
 //   per tensor, columns : amax kernel (atomicMax of |x| bits, order-free) -> scale kernel -> cast
-//   rows, blocks, tiles : one pass per group: short groups (<= 256 elements) by sub-warps with
-//                         shuffles, long groups by one block each (amax pass, then cast pass;
-//                         the second pass reads from L1/L2)
-//   MX                  : the short-group kernel with the E8M0 scale rule
+//   rows, blocks, tiles : one pass per group (common/group_pass.cuh): row segments of up to
+//                         4096 elements held in registers, longer groups and tiles one block
+//                         each (amax pass, then cast pass, the second read from L1/L2)
+//   MX                  : the same group pass with the E8M0 scale rule
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "../common/cuda_map.cuh"
+#include "../common/group_pass.cuh"
 #include "../common/dispatch_target.hpp"
 #include "quantize_internal.hpp"
 #include "quantize_ops.hpp"
@@ -37,12 +38,23 @@ __global__ void __launch_bounds__(threads)
     const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
     std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
-      for (; (i + 1) * V <= n; i += step) {
-        const vec<In, V> w = *reinterpret_cast<const vec<In, V>*>(x + i * V);
+      // U vectors in flight per thread, a warp's u-th load one contiguous span.
+      constexpr int U = 8;
+      const std::int64_t nv = n / V;  // whole vectors
+      std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
+      for (; t0 + (U - 1) * blockDim.x < nv; t0 += step * U) {
+        vec<In, V> w[U];
 #pragma unroll
-        for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(w.v[e])));
+        for (int u = 0; u < U; ++u)
+          w[u] = *reinterpret_cast<const vec<In, V>*>(x + (t0 + u * blockDim.x) * V);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(w[u].v[e])));
       }
-      i = (n / V) * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+      for (; t0 < nv; t0 += blockDim.x)  // the last, partial group of U (this thread's part)
+        for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(x[t0 * V + e])));
+      i = nv * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     }
     for (; i < n; i += step) m = max(m, abs_bits(cast_ops::load(x[i])));
   } else {
@@ -194,234 +206,53 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// ---- one pass per group ------------------------------------------------------------------------
+// ---- one pass per group (common/group_pass.cuh) ---------------------------------------------
 
-struct group_geometry {
-  std::int64_t rows, cols;  // input extent
-  std::int64_t gr, gc;      // group extent (the last group in a row/column may be partial)
-  std::int64_t scale_cols;  // groups per group-row
-};
-
-// What a group-pass kernel does with a group's amax: the scaling rule, or OCP MX.
-struct amax_scale_rule {
-  static constexpr bool mx = false;
+// Groups scaled by the quantization rule of quantize.hpp: q = max / amax (margins, powers of two).
+template <class FT, class PT>
+struct amax_rule {
+  using scale_type = float;
+  struct group {
+    float q, d;
+  };
+  target t;
+  FT ft;
+  PT pt;
   float target_max;
   scaling sc;
-};
-struct mx_scale_rule {
-  static constexpr bool mx = true;
-  int emax;
-};
-
-template <class Rule, class FT, class PT>
-__device__ __forceinline__ std::uint32_t group_element(const Rule& rule, const target& t, FT ft,
-                                                       PT pt, float v, float q,
-                                                       std::uint32_t scale_code,
-                                                       std::uint32_t rb) {
-  if constexpr (Rule::mx)
-    return quant_ops::mx_element(t, ft, pt, v, scale_code, rb);
-  else
-    return quant_ops::quantize_element(t, ft, pt, v, q, rb);
-}
-
-// One block per group (long rows, large blocks, tiles): threads cover the group as a
-// (rows_per_step x lanes) grid, lanes a power of two, so no division per element.
-template <class Rule, class In, class Code, class Scale, class FT, class PT>
-__global__ void __launch_bounds__(threads)
-    group_block_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
-                       std::int64_t crs, Scale* __restrict__ scales, group_geometry geo,
-                       int lanes_log2, target t, FT ft, PT pt, Rule rule,
-                       emu::random_stream rng) {
-  const int lanes = 1 << lanes_log2;
-  const int lane = threadIdx.x & (lanes - 1), row_in_step = threadIdx.x >> lanes_log2;
-  const int rows_per_step = threads >> lanes_log2;
-  const std::int64_t groups_r = (geo.rows + geo.gr - 1) / geo.gr;
-  for (std::int64_t g = blockIdx.x; g < groups_r * geo.scale_cols; g += gridDim.x) {
-    const std::int64_t r0 = (g / geo.scale_cols) * geo.gr, c0 = (g % geo.scale_cols) * geo.gc;
-    const std::int64_t r1 = min(geo.rows, r0 + geo.gr), c1 = min(geo.cols, c0 + geo.gc);
-    std::uint32_t m = 0;
-    for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
-      for (std::int64_t c = c0 + lane; c < c1; c += lanes)
-        m = max(m, abs_bits(cast_ops::load(x[r * xrs + c])));
-    m = block_max(m);
-    float q = 0.0f;
-    std::uint32_t sc = 0;
-    if constexpr (Rule::mx) {
-      sc = quant_ops::mx_scale_code(m, rule.emax);
-      if (threadIdx.x == 0) scales[g] = static_cast<Scale>(sc);
-    } else {
-      const auto s = quant_ops::scale_from_amax(m, rule.target_max, rule.sc);
-      q = s.q;
-      if (threadIdx.x == 0) scales[g] = static_cast<Scale>(s.d);
-    }
-    for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
-      for (std::int64_t c = c0 + lane; c < c1; c += lanes) {
-        const std::uint32_t rb =
-            pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
-        codes[r * crs + c] = static_cast<Code>(
-            group_element(rule, t, ft, pt, cast_ops::load(x[r * xrs + c]), q, sc, rb));
-      }
+  __device__ group begin(std::uint32_t amax_bits) const {
+    const auto s = quant_ops::scale_from_amax(amax_bits, target_max, sc);
+    return {s.q, s.d};
   }
-}
-
-// Row segments of up to 256 * E elements held in registers: each thread owns E consecutive
-// elements, a segment owns `seg_lanes` (a power of two, <= 256) adjacent lanes. The segment's amax
-// is reduced by shuffles within a warp and, for segments longer than a warp, through shared
-// memory; the elements are then encoded from registers, so x is read once. Blocks are
-// (bx x by) with bx a power of two >= seg_lanes, so segments never straddle blocks or warps
-// unevenly.
-template <int E, class Rule, class In, class Code, class Scale, class FT, class PT>
-__global__ void __launch_bounds__(threads)
-    segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
-                   std::int64_t crs, Scale* __restrict__ scales, std::int64_t rows,
-                   std::int64_t cols, std::int64_t k, int seg_lanes, std::int64_t lanes_per_row,
-                   bool vector, target t, FT ft, PT pt, Rule rule, emu::random_stream rng) {
-  __shared__ std::uint32_t warp_max_smem[threads / 32];
-  const std::int64_t nseg = (cols + k - 1) / k;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  for (std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y; rb0 < rows;
-       rb0 += static_cast<std::int64_t>(gridDim.y) * blockDim.y) {
-    const std::int64_t r = rb0 + threadIdx.y;
-    for (std::int64_t lb0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x;
-         lb0 < lanes_per_row; lb0 += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      const std::int64_t l = lb0 + threadIdx.x;
-      const std::int64_t seg = l / seg_lanes;  // seg_lanes is a power of two: a shift
-      const std::int64_t off = (l & (seg_lanes - 1)) * E;
-      const std::int64_t c = seg * k + off;
-      const std::int64_t end = min(cols, (seg + 1) * k);
-      const bool row_ok = r < rows && seg < nseg;
-      float v[E];
-      bool ok[E];
-      if (vector) {
-        // k and cols are multiples of E and rows are aligned to E elements.
-        const bool full = row_ok && off < k && c < end;
-        if (full) {
-#pragma unroll
-          for (int h = 0; h < E; h += 8) {
-            const vec<In, 8> w = *reinterpret_cast<const vec<In, 8>*>(x + r * xrs + c + h);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[h + e] = cast_ops::load(w.v[e]);
-          }
-        }
-#pragma unroll
-        for (int e = 0; e < E; ++e) ok[e] = full;
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          ok[e] = row_ok && off + e < k && c + e < end;
-          v[e] = ok[e] ? cast_ops::load(x[r * xrs + c + e]) : 0.0f;
-        }
-      }
-      std::uint32_t m = 0;
-#pragma unroll
-      for (int e = 0; e < E; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
-      const int warp_lanes = seg_lanes < 32 ? seg_lanes : 32;
-      for (int o = 1; o < warp_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (seg_lanes > 32) {  // block-uniform: the segment spans several warps
-        __syncthreads();
-        if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
-        __syncthreads();
-        const int first = (tid >> 5) & ~(seg_lanes / 32 - 1);
-        for (int w = 0; w < seg_lanes / 32; ++w) m = max(m, warp_max_smem[first + w]);
-      }
-      if (!row_ok) continue;
-      float q = 0.0f;
-      std::uint32_t sc = 0;
-      if constexpr (Rule::mx) {
-        sc = quant_ops::mx_scale_code(m, rule.emax);
-        if (off == 0) scales[r * nseg + seg] = static_cast<Scale>(sc);
-      } else {
-        const auto s = quant_ops::scale_from_amax(m, rule.target_max, rule.sc);
-        q = s.q;
-        if (off == 0) scales[r * nseg + seg] = static_cast<Scale>(s.d);
-      }
-      const std::uint64_t base = static_cast<std::uint64_t>(r * cols + c);
-      std::uint32_t rbits[E] = {};
-      if (pt.stochastic()) {
-        if ((base & 3u) == 0) {
-#pragma unroll
-          for (int h = 0; h < E; h += 4) {
-            const emu::philox_block b = rng.block((base + h) >> 2);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) rbits[h + e] = b.v[e];
-          }
-        } else {  // rows not a multiple of 4 long: element by element
-#pragma unroll 1
-          for (int e = 0; e < E; ++e) rbits[e] = rng.bits(base + e);
-        }
-      }
-      Code out[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e)
-        out[e] = static_cast<Code>(group_element(rule, t, ft, pt, v[e], q, sc, rbits[e]));
-      if (vector) {
-        if (ok[0]) {
-#pragma unroll
-          for (int h = 0; h < E; h += 8) {
-            vec<Code, 8> w;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) w.v[e] = out[h + e];
-            *reinterpret_cast<vec<Code, 8>*>(codes + r * crs + c + h) = w;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e)
-          if (ok[e]) codes[r * crs + c + e] = out[e];
-      }
-    }
+  __device__ float stored(const group& g) const { return g.d; }
+  __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
+    return quant_ops::quantize_element(t, ft, pt, x, g.q, rbits);
   }
-}
+  __device__ bool stochastic() const { return pt.stochastic(); }
+};
 
-int log2_ceil(std::int64_t v) {
-  int l = 0;
-  while ((std::int64_t{1} << l) < v) ++l;
-  return l;
-}
-
-template <int E, class Rule, class In, class Code, class Scale, class FT, class PT>
-void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
-                     Scale* scales, std::int64_t k, const target& t, FT ft, PT pt,
-                     const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
-  const int seg_lanes = 1 << log2_ceil((k + E - 1) / E);
-  const std::int64_t nseg = (xm.cols + k - 1) / k;
-  const std::int64_t lanes_per_row = nseg * seg_lanes;
-  const int bx = static_cast<int>(std::min<std::int64_t>(
-      threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
-  const int by = threads / bx;
-  const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, 65535);
-  const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
-  const std::int64_t gy =
-      std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
-  const bool vector = k % E == 0 && xm.cols % E == 0 && xm.row_stride % E == 0 &&
-                      cm.row_stride % E == 0 && aligned_to<In>(x, sizeof(In) * 8) &&
-                      aligned_to<Code>(codes, sizeof(Code) * 8);
-  segment_kernel<E><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), 0,
-                      stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols,
-                                k, seg_lanes, lanes_per_row, vector, t, ft, pt, rule, rng);
-  check_launch("segment_kernel");
-}
-
-// Launches the right group-pass kernel for row segments or tiles: segments of up to 2048
-// elements with 8 per thread, up to 4096 with 16, longer ones and 2-D tiles one block per group.
-template <class Rule, class In, class Code, class Scale, class FT, class PT>
-void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
-                   Scale* scales, std::int64_t gr, std::int64_t gc, const target& t, FT ft,
-                   PT pt, const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
-  if (xm.rows == 0 || xm.cols == 0) return;
-  if (gr == 1 && gc <= 2048)
-    return launch_segments<8>(x, xm, codes, cm, scales, gc, t, ft, pt, rule, rng, stream);
-  if (gr == 1 && gc <= 4096)
-    return launch_segments<16>(x, xm, codes, cm, scales, gc, t, ft, pt, rule, rng, stream);
-  const std::int64_t width = std::min(gc, xm.cols);
-  const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
-  const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};
-  const std::int64_t groups = ((xm.rows + gr - 1) / gr) * geo.scale_cols;
-  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(groups, std::int64_t{1} << 30));
-  group_block_kernel<<<grid, threads, 0, stream>>>(
-      x, xm.row_stride, codes, cm.row_stride, scales, geo, lanes_log2, t, ft, pt, rule, rng);
-  check_launch("group_block_kernel");
-}
+// OCP MX: the E8M0 scale code from the block's amax, elements divided by it exactly.
+template <class FT, class PT>
+struct mx_rule {
+  using scale_type = std::uint8_t;
+  struct group {
+    std::uint32_t code;
+  };
+  target t;
+  FT ft;
+  PT pt;
+  int emax;  // of the element format (target::emax)
+  __device__ group begin(std::uint32_t amax_bits) const {
+    return {quant_ops::mx_scale_code(amax_bits, emax)};
+  }
+  __device__ std::uint8_t stored(const group& g) const {
+    return static_cast<std::uint8_t>(g.code);
+  }
+  __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
+    return quant_ops::mx_element(t, ft, pt, x, g.code, rbits);
+  }
+  __device__ bool stochastic() const { return pt.stochastic(); }
+};
 
 // Calls fn(In tag, Code tag, format tag, policy tag) for a call's types. The code type follows
 // from the target: uint8 for the fixed fp8 formats, else whatever the codes view holds.
@@ -544,8 +375,8 @@ void quantize(const quant_problem& p, const exec& ex) {
       check_launch("scale_kernel");
       return;
     }
-    launch_groups(x, p.xm, codes, p.cm, scales, gr, gc, p.t, ft, pt,
-                      amax_scale_rule{p.target_max, p.sc}, p.rng, stream);
+    launch_groups(x, p.xm, codes, p.cm, scales, gr, gc,
+                  amax_rule<FT, PT>{p.t, ft, pt, p.target_max, p.sc}, p.rng, stream);
   });
 }
 
@@ -555,10 +386,9 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
     using In = decltype(in_tag);
     using Code = decltype(code_tag);
     if constexpr (!std::is_same_v<Code, std::uint16_t>) {
-      launch_groups(p.x.ptr<const In>(), p.xm, p.codes.ptr<Code>(),
-                                              p.cm, p.scales.ptr<std::uint8_t>(), 1, p.block,
-                                              p.t, ft, pt, mx_scale_rule{p.t.emax()}, p.rng,
-                                              stream_of(ex));
+      launch_groups(p.x.ptr<const In>(), p.xm, p.codes.ptr<Code>(), p.cm,
+                    p.scales.ptr<std::uint8_t>(), 1, p.block,
+                    mx_rule<decltype(ft), decltype(pt)>{p.t, ft, pt, p.t.emax()}, p.rng, stream_of(ex));
     }
   });
 }

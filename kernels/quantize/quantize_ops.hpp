@@ -72,9 +72,10 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
   return {q, amax / target_max * grow};
 }
 
-// The result of x * q, with NaNs made the same on every machine: CPUs carry an input NaN's sign
-// and payload through arithmetic while NVIDIA GPUs return one canonical NaN, so the shared rule is
-// "a NaN input keeps its sign, any other NaN result is positive".
+// The result of x * q, with NaNs made the same on every machine (CPUs carry an input NaN's payload
+// through arithmetic, NVIDIA GPUs return one canonical NaN): a NaN product is positive when the
+// scale is NaN (a poisoned group), and otherwise carries sign(x) * sign(q) like any other product
+// (so under a positive scale a NaN input keeps its sign). Only the sign of a NaN reaches a code.
 // A finite x whose product overflows float is a finite overflow, not an infinite input: it is
 // taken as +-FLT_MAX, which every target overflows from in the same direction as from the exact
 // product (so toward-zero roundings still give +-max, as for the exact value). Nearest roundings
@@ -82,7 +83,10 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
 template <bool FixOverflow = true>
 LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
   const float y = x * q;
-  if (y != y) return x != x ? x : bit_cast<float>(0x7FC00000u);
+  if (y != y) {
+    const std::uint32_t sign = (bit_cast<std::uint32_t>(x) ^ bit_cast<std::uint32_t>(q)) & 0x80000000u;
+    return bit_cast<float>(q != q ? 0x7FC00000u : (0x7FC00000u | sign));
+  }
   if constexpr (FixOverflow) {
     const std::uint32_t yb = bit_cast<std::uint32_t>(y);
     if ((yb & 0x7FFFFFFFu) == 0x7F800000u &&
@@ -102,22 +106,39 @@ inline constexpr bool needs_overflow_fix = [] {
   else return true;
 }();
 
+// Whether encode(x * q) may take emu's symmetric nearest-even encoder directly (see below).
+template <class FormatTag, class PolicyTag>
+inline constexpr bool symmetric_rne = [] {
+  if constexpr (detail::is_fixed_int<FormatTag> || !FormatTag::fixed || !PolicyTag::fixed) return false;
+  else return PolicyTag::mode == emu::rounding::nearest_even &&
+              emu::detail::rne_symmetric(FormatTag::get());
+}();
+
 // One element: encode(x * q) as the target's code (integers in two's complement, low bits).
+// Integer targets map every NaN to 0, so they need none of scaled()'s NaN rule. The symmetric
+// nearest-even encoder takes |x * q| = |x| * |q| and the sign of x XOR q, which is scaled()'s rule
+// for NaNs too once a NaN scale drops the NaN sign: the same bits with no per-element NaN test.
 template <class FormatTag, class PolicyTag>
 LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft,
                                                        PolicyTag pt, float x, float q,
                                                        std::uint32_t rbits) {
-  const float y = scaled<needs_overflow_fix<FormatTag, PolicyTag>>(x, q);
   if constexpr (detail::is_fixed_int<FormatTag>) {
     if constexpr (PolicyTag::fixed)
-      return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), y, pt.get(), rbits)) & 0xFFu;
+      return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), x * q, pt.get(), rbits)) & 0xFFu;
     else
       return static_cast<std::uint32_t>(
-                 detail::quantize_int_generic(ft.get_int(), y, pt.get(), rbits)) & 0xFFu;
+                 detail::quantize_int_generic(ft.get_int(), x * q, pt.get(), rbits)) & 0xFFu;
+  } else if constexpr (symmetric_rne<FormatTag, PolicyTag>) {
+    auto enc = emu::detail::rne_encoder::make(ft.get(), pt.get());
+    if (q != q) enc.nan_keep = 0u;
+    const std::uint32_t xb = bit_cast<std::uint32_t>(x), qb = bit_cast<std::uint32_t>(q);
+    const float ax = bit_cast<float>(xb & 0x7FFFFFFFu), aq = bit_cast<float>(qb & 0x7FFFFFFFu);
+    return enc(ft.get(), bit_cast<std::uint32_t>(ax * aq), xb ^ qb);
   } else {
     if (t.is_int)
-      return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
+      return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, x * q, pt.get(), rbits)) &
              0xFFu;
+    const float y = scaled<needs_overflow_fix<FormatTag, PolicyTag>>(x, q);
     return detail::encode(ft, pt, y, rbits);
   }
 }

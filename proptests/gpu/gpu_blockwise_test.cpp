@@ -46,11 +46,25 @@ void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specia
   in.push();
 }
 
+// A codebook whose entries crowd (a cluster 2^-12 wide, repeated values, tiny entries), so that
+// the GPU's bucket search walks several midpoints per bucket.
+codebook crowded_codebook() {
+  std::vector<float> v;
+  for (int i = 0; i < 96; ++i) v.push_back(0.5f + std::ldexp(static_cast<float>(i), -19));
+  for (int i = 0; i < 32; ++i) v.push_back(0.25f);
+  for (int i = 0; i < 64; ++i) v.push_back(-std::ldexp(1.0f, -i));
+  for (int i = 0; i < 63; ++i) v.push_back(static_cast<float>(i) / 63.0f);
+  v.push_back(1.0f);
+  std::sort(v.begin(), v.end());
+  return codebook::from_values(v.data(), static_cast<std::int64_t>(v.size()));
+}
+
 TEST(gpu_vs_cpu, blockwise_quantize_dequantize_nested) {
   LOWBIT_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("gpu_vs_cpu.blockwise", [] {
     const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
-                                       codebook::linear(true), codebook::from_format(emu::e4m3fn)};
+                                       codebook::linear(true), codebook::from_format(emu::e4m3fn),
+                                       crowded_codebook()};
     const codebook cb = *rc::gen::elementOf(cbs);
     kernels::blockwise_config cfg;
     cfg.block = *rc::gen::element<std::int64_t>(64, 128, 256, 512, 1024, 2048, 4096);

@@ -31,6 +31,8 @@
 #include "support.hpp"
 // White box: the input loads of the kernels (cast_ops.hpp), for the GPU sort's skipped key bits.
 #include "../../kernels/cast/cast_ops.hpp"
+// White box: the CUDA kernels' bucket search, checked here on the CPU against the binary search.
+#include "../../kernels/blockwise/blockwise_ops.hpp"
 
 namespace {
 
@@ -250,6 +252,63 @@ void expect_error_containing(const std::function<void()>& fn, const std::string&
     ADD_FAILURE() << "no error; expected one mentioning \"" << part << "\"";
   } catch (const lowbit::error& e) {
     EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// The GPU kernels find the nearest entry through a bucket table (blockwise_ops.hpp); the CPU
+// twin by binary search. Both must give the same index for every |t| <= 1: checked at every
+// bucket's two ends and their neighbours, at every midpoint's neighbours, and at random t, for
+// the built-in codebooks and one whose entries crowd into single buckets.
+TEST(blockwise_codebook, bucket_search_equals_binary_search) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  std::vector<float> crowd;
+  for (int i = 0; i < 96; ++i) crowd.push_back(0.5f + std::ldexp(static_cast<float>(i), -19));
+  for (int i = 0; i < 32; ++i) crowd.push_back(0.25f);
+  for (int i = 0; i < 64; ++i) crowd.push_back(-std::ldexp(1.0f, -i));
+  for (int i = 0; i < 63; ++i) crowd.push_back(static_cast<float>(i) / 63.0f);
+  crowd.push_back(1.0f);
+  std::sort(crowd.begin(), crowd.end());
+  const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
+                                     codebook::linear(true), codebook::linear(false),
+                                     codebook::from_format(lowbit::emu::e4m3fn),
+                                     codebook::from_format(lowbit::emu::e2m1fn),
+                                     codebook::from_values(crowd.data(), 256)};
+  std::mt19937_64 g(7);
+  for (std::size_t c = 0; c < cbs.size(); ++c) {
+    ops::tables tb;
+    ops::prepare(cbs[c].values().data(), tb);
+    std::vector<std::uint16_t> buckets(ops::bucket_count);
+    for (std::uint32_t u = 0; u < ops::bucket_count; ++u)
+      buckets[u] = ops::bucket_bounds(tb.sum_hi, tb.sum_lo, u);
+    int mismatches = 0;
+    const auto check = [&](float t) {
+      if (!(std::fabs(t) <= 1.0f)) return;
+      const std::uint32_t want = ops::nearest_index(tb.sum_hi, tb.sum_lo, t);
+      const std::uint32_t got = ops::nearest_by_buckets(buckets.data(), tb.sum_hi, tb.sum_lo, t);
+      if (got != want && ++mismatches <= 5)
+        ADD_FAILURE() << "codebook " << c << ", t = " << describe_input(t) << ": buckets " << got
+                      << ", binary search " << want;
+    };
+    for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
+      const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);
+      for (std::uint32_t b : {first, first + 1u, first | 0xFFFFu, first | 0x1FFFEu, first | 0x1FFFFu}) {
+        float t;
+        std::memcpy(&t, &b, 4);
+        check(t);
+      }
+    }
+    for (int j = 0; j < 255; ++j) {
+      const float mid = (tb.value[j] + tb.value[j + 1]) / 2.0f;
+      for (float t : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f), tb.value[j]})
+        check(t);
+    }
+    for (int i = 0; i < 1000000; ++i) {
+      const std::uint32_t b = static_cast<std::uint32_t>(g()) & 0xBFFFFFFFu;  // |t| < 2
+      float t;
+      std::memcpy(&t, &b, 4);
+      check(t);
+    }
+    EXPECT_EQ(mismatches, 0) << "codebook " << c;
   }
 }
 

@@ -63,12 +63,12 @@ run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
 unset RC_PARAMS
 # Where the time goes in the kernels that must reach memory bandwidth (one benchmark per ncu run;
 # --launch-skip 1 skips the first launch: the benchmark's warm-up for quantize_gpu.cpp's rows,
-# the input generation for blockwise_gpu.cpp's, whose profiled launches are then the warm-up
-# call: quantize_kernel twice, or chunk_quantiles_kernel and average_quantiles_kernel).
-for b in cast_f32_e4m3fn_rne_sat cast_scaled_f32_e4m3fn decode_e4m3fn_f32 quantize_rows_int8_4096 \
+# the input generation for blockwise_gpu.cpp's; the next three launches are then profiled, e.g.
+# amax + scale + cast of current scaling, bucket table + quantize, or the quantile kernels).
+for b in quantize_tensor_current_e4m3fn quantize_mxfp8_e4m3fn quantize_rows_int8_4096 \
   blockwise_quantize_dynamic_f32_b2048 sram_quantiles_f32_k256; do
   run ncu_$b 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --launch-skip 1 --launch-count 2 $bin/lowbit_bench_gpu --benchmark_filter="^$b/"
+    --launch-skip 1 --launch-count 3 $bin/lowbit_bench_gpu --benchmark_filter="^$b/"
   grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Through|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size" \
     "$out/ncu_$b.log" | head -40
 done
