@@ -12,6 +12,7 @@
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/blockwise.hpp>
 
+#include "../common/test_codebooks.hpp"
 #include "gpu_harness.hpp"
 
 namespace {
@@ -46,16 +47,9 @@ void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specia
   in.push();
 }
 
-// A codebook whose entries crowd (a cluster 2^-12 wide, repeated values, tiny entries), so that
-// the GPU's bucket search walks several midpoints per bucket.
+// A codebook whose entries crowd, so that the GPU's bucket search walks several midpoints.
 codebook crowded_codebook() {
-  std::vector<float> v;
-  for (int i = 0; i < 96; ++i) v.push_back(0.5f + std::ldexp(static_cast<float>(i), -19));
-  for (int i = 0; i < 32; ++i) v.push_back(0.25f);
-  for (int i = 0; i < 64; ++i) v.push_back(-std::ldexp(1.0f, -i));
-  for (int i = 0; i < 63; ++i) v.push_back(static_cast<float>(i) / 63.0f);
-  v.push_back(1.0f);
-  std::sort(v.begin(), v.end());
+  const std::vector<float> v = lowbit::proptest::test::crowded_codebook_values();
   return codebook::from_values(v.data(), static_cast<std::int64_t>(v.size()));
 }
 

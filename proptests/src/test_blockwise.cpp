@@ -33,6 +33,7 @@
 #include "../../kernels/cast/cast_ops.hpp"
 // White box: the CUDA kernels' bucket search, checked here on the CPU against the binary search.
 #include "../../kernels/blockwise/blockwise_ops.hpp"
+#include "../common/test_codebooks.hpp"
 
 namespace {
 
@@ -261,13 +262,7 @@ void expect_error_containing(const std::function<void()>& fn, const std::string&
 // the built-in codebooks and one whose entries crowd into single buckets.
 TEST(blockwise_codebook, bucket_search_equals_binary_search) {
   namespace ops = lowbit::kernels::blockwise_ops;
-  std::vector<float> crowd;
-  for (int i = 0; i < 96; ++i) crowd.push_back(0.5f + std::ldexp(static_cast<float>(i), -19));
-  for (int i = 0; i < 32; ++i) crowd.push_back(0.25f);
-  for (int i = 0; i < 64; ++i) crowd.push_back(-std::ldexp(1.0f, -i));
-  for (int i = 0; i < 63; ++i) crowd.push_back(static_cast<float>(i) / 63.0f);
-  crowd.push_back(1.0f);
-  std::sort(crowd.begin(), crowd.end());
+  const std::vector<float> crowd = lowbit::proptest::test::crowded_codebook_values();
   const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
                                      codebook::linear(true), codebook::linear(false),
                                      codebook::from_format(lowbit::emu::e4m3fn),
