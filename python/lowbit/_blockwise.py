@@ -32,17 +32,10 @@ _NAMED = {
 
 
 def _host_float32(name: str, value: Any) -> np.ndarray:
-    """A 1-D float32 numpy array of the values of a list, numpy array or DLPack producer (device
-    arrays are copied to the host, which synchronizes with their stream)."""
-    if _interop.is_torch(value):
-        value = value.detach().cpu().float().numpy()
-    elif _interop.is_cupy(value):
-        value = value.get()
-    elif not isinstance(value, np.ndarray) and hasattr(type(value), "__dlpack__"):
-        if _interop.device_of(name, value).type != "cpu":
-            raise ValueError(f"{name}: expected host memory (the codebook is built on the CPU); "
-                             "copy the array to the host first")
-        value = np.from_dlpack(value)
+    """A 1-D float32 numpy array of the values of a list, numpy array or DLPack producer (CUDA
+    arrays are copied to the host on the caller's stream, waiting for the copy)."""
+    if _interop.is_array(value):
+        value = _interop.to_numpy(name, _interop.to_host(name, value))
     if isinstance(value, np.ndarray) and value.dtype.name == "bfloat16":
         value = value.astype(np.float32)
     arr = _interop.as_numpy(name, value, np.float32)
