@@ -80,8 +80,10 @@ class Codebook:
     def dynamic_tree(cls, signed: bool = True) -> Codebook:
         """The dynamic tree map of the 8-bit optimizers: per decade ``10^-d`` (d = 6..0) the
         midpoints of a linear fraction grid on [0.1, 1] that doubles in size toward 1, plus 0 and
-        1, each value the exact rational rounded once to float32. Signed: 127 positive values,
-        their negatives, 0 and +1 (no -1); unsigned: 0, 254 positive values and +1."""
+        1. Signed: 127 positive values, their negatives, 0 and +1 (no -1); unsigned: 0, 254
+        positive values and +1. The float32 bits are those of the published construction (float32
+        steps, as PyTorch computes them), within 2 ulps of the exact values rounded once
+        (docs/techniques/blockwise.md)."""
         signed = _flag("signed", signed)
         return cls._make(_core.codebook_dynamic_tree(signed),
                          f"Codebook.dynamic_tree(signed={signed})")
