@@ -215,12 +215,17 @@ def test_special_groups():
         assert out[3, 3] == 5 and scales[3, 0] > 0
 
 
-def test_nan_sign_is_kept_for_nan_inputs():
+def test_nan_signs_follow_the_product_rule():
+    # docs/techniques/quantization.md: a NaN code carries sign(x) * sign(q), except that a NaN
+    # scale (a group holding a NaN or Inf) makes every code of its group the positive NaN.
     x = np.array([-np.nan, 1.0], F32)
-    codes, _ = lowbit.quantize(x, "e4m3fn")
-    assert codes.tolist() == [0xFF, 0x7F]  # the NaN input keeps its sign; the other NaN is +
-    codes, _ = lowbit.quantize(x, "e4m3fn", nan_sign="positive")
-    assert codes.tolist() == [0x7F, 0x7F]
+    assert lowbit.cast_scaled(x, 2.0, "e4m3fn").tolist() == [0xFF, 0x40]
+    assert lowbit.cast_scaled(x, 2.0, "e4m3fn", nan_sign="positive").tolist() == [0x7F, 0x40]
+    codes, scales = lowbit.quantize(x, "e4m3fn")
+    assert np.isnan(scales) and codes.tolist() == [0x7F, 0x7F]
+    codes, scales = lowbit.quantize(np.array([[-np.nan, 1.0], [-1.0, 2.0]], F32), "e4m3fn", "rows")
+    assert np.isnan(scales[0, 0]) and codes[0].tolist() == [0x7F, 0x7F]
+    assert codes[1].tolist() == [0xF6, 0x7E]  # -224 and 448: the other row is untouched
 
 
 def test_tiny_amax_gives_the_largest_multiplier():
