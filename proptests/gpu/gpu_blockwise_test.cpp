@@ -12,7 +12,7 @@
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/blockwise.hpp>
 
-#include "../common/test_codebooks.hpp"
+#include "../common/blockwise_inputs.hpp"
 #include "gpu_harness.hpp"
 
 namespace {
@@ -131,14 +131,7 @@ TEST(gpu_vs_cpu, sram_quantiles_group_order) {
   // 0 (proptests/src/test_blockwise.cpp, sums_in_groups_of_chunks_then_groups).
   const std::int64_t chunk = kernels::quantile_chunk, g = kernels::quantile_group;
   const std::int64_t n = (g + 2) * chunk, k = 7;
-  std::vector<float> x(static_cast<std::size_t>(n), 0.0f);
-  const auto fill_chunk = [&](std::int64_t c, float v) {
-    std::fill(x.begin() + c * chunk, x.begin() + (c + 1) * chunk, v);
-  };
-  fill_chunk(0, std::ldexp(1.0f, 41));
-  fill_chunk(1, std::ldexp(1.0f, -12));
-  fill_chunk(g, std::ldexp(1.0f, -12));
-  fill_chunk(g + 1, -std::ldexp(1.0f, 41));
+  const std::vector<float> x = lowbit::proptest::test::cancelling_chunks_input();
   mirrored in(static_cast<std::size_t>(n) * 4);
   std::memcpy(in.host.data(), x.data(), in.host.size());
   in.push();

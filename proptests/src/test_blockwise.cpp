@@ -33,7 +33,7 @@
 #include "../../kernels/cast/cast_ops.hpp"
 // White box: the CUDA kernels' bucket search, checked here on the CPU against the binary search.
 #include "../../kernels/blockwise/blockwise_ops.hpp"
-#include "../common/test_codebooks.hpp"
+#include "../common/blockwise_inputs.hpp"
 
 namespace {
 
@@ -893,15 +893,7 @@ TEST(sram_quantiles, sums_in_groups_of_chunks_then_groups) {
   // 2^53 (chunk 0), 1 (chunk 1), 1 (first chunk of group 1), -2^53 (next chunk), 0 elsewhere.
   // In chunk order 2^53 + 1 rounds to 2^53 (tie to even) twice and the total is 0; in groups,
   // group 0 gives 2^53, group 1 gives 1 - 2^53 (exact), and the total is 1.
-  const std::int64_t chunk = kernels::quantile_chunk, g = kernels::quantile_group;
-  std::vector<float> x(static_cast<std::size_t>((g + 2) * chunk), 0.0f);
-  const auto fill_chunk = [&](std::int64_t c, float v) {
-    std::fill(x.begin() + c * chunk, x.begin() + (c + 1) * chunk, v);
-  };
-  fill_chunk(0, std::ldexp(1.0f, 41));
-  fill_chunk(1, std::ldexp(1.0f, -12));
-  fill_chunk(g, std::ldexp(1.0f, -12));
-  fill_chunk(g + 1, -std::ldexp(1.0f, 41));
+  const std::vector<float> x = lowbit::proptest::test::cancelling_chunks_input();
   const int k = 7;
   const auto q = estimate(x, k);
   std::vector<std::vector<double>> cq;
