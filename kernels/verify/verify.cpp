@@ -366,9 +366,9 @@ int bucket_of(double d) {
     return 0;
   if (d <= 1)
     return 1;
-  if (std::isinf(d))
+  if (!std::isfinite(d)) // inf (NaN never reaches here; if it did, no index from frexp)
     return 67;
-  int e;
+  int e = 0;
   const double m = std::frexp(d, &e); // d = m * 2^e, m in [0.5, 1)
   const int k = m == 0.5 ? e - 1 : e; // smallest k with d <= 2^k
   return k <= 64 ? k + 1 : 66;
