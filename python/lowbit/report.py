@@ -607,6 +607,9 @@ def blockwise_section(ctx: Context) -> SectionResult:
     on every workload: round-trip error, and on the gaussian workload the CPU throughput of
     quantize and dequantize."""
     threads_label = f"{ctx.threads}T" if ctx.threads else f"{os.cpu_count()}T (all)"
+    gaussian = ctx.workload("gaussian").values
+    copy_target = np.empty_like(gaussian)
+    copy_rate = gaussian.size / median_time(lambda: np.copyto(copy_target, gaussian)) / 1e6
     rows: list[dict[str, Any]] = []
     for w in ctx.workloads:
         for block in BLOCKWISE_BLOCKS:
@@ -619,6 +622,7 @@ def blockwise_section(ctx: Context) -> SectionResult:
                 "rounding": "nearest", "bits_per_value": 8 + 32 / block,
                 **blockwise_errors(w.values, back, absmax, block),
                 "quantize_1t": None, "quantize_nt": None, "dequantize_1t": None,
+                "copy": None, "quantize_vs_copy": None, "dequantize_vs_copy": None,
                 "threads": ctx.threads,
             }
             if w.name == "gaussian":
@@ -633,6 +637,8 @@ def blockwise_section(ctx: Context) -> SectionResult:
                     x, cb, block, threads=ctx.threads))
                 row["dequantize_1t"] = rate(lambda: lowbit.dequantize_blockwise(
                     codes, absmax, cb, block, threads=1))
+                row.update(copy=copy_rate, quantize_vs_copy=row["quantize_1t"] / copy_rate,
+                           dequantize_vs_copy=row["dequantize_1t"] / copy_rate)
             rows.append(row)
         ctx.progress(f"blockwise: {w.name}")
     columns = [
@@ -647,6 +653,8 @@ def blockwise_section(ctx: Context) -> SectionResult:
         Column("quantize 1T", lambda r: _rate(r["quantize_1t"])),
         Column(f"quantize {threads_label}", lambda r: _rate(r["quantize_nt"])),
         Column("dequantize 1T", lambda r: _rate(r["dequantize_1t"])),
+        Column("q 1T/copy", lambda r: _ratio(r["quantize_vs_copy"])),
+        Column("dq 1T/copy", lambda r: _ratio(r["dequantize_vs_copy"])),
     ]
     notes = [
         "lowbit.quantize_blockwise with the signed dynamic tree map, nearest entry: codes (8 "
@@ -654,6 +662,8 @@ def blockwise_section(ctx: Context) -> SectionResult:
         "against the input, in float64, relative to each nonzero value and to its block's absmax",
         f"M values/s on the gaussian workload, median of {TIMING_RUNS} runs after a warm-up "
         "(quantize: codes and absmax; dequantize: float32 values)",
+        f"copy: np.copyto of the gaussian float32 input, {copy_rate:.1f} M values/s; the /copy "
+        "columns divide the one-thread rates by it",
     ]
     points = [Point(f"blockwise {r['block']} (dynamic)", r["quantize_1t"], r["mean_rel_err"])
               for r in rows if r["workload"] == "gaussian" and r["mean_rel_err"] > 0]

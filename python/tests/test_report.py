@@ -179,8 +179,13 @@ def test_blockwise_rows(run):
         assert r["max_rel_err"] <= 1 + 2**-22  # nearest never overshoots by more than |x|
         assert 0 <= r["flushed"] <= 1 and r["flushed_count"] == round(r["flushed"] * r["n"])
         timed = r["workload"] == "gaussian"
-        for key in ("quantize_1t", "quantize_nt", "dequantize_1t"):
+        for key in ("quantize_1t", "quantize_nt", "dequantize_1t", "copy"):
             assert (r[key] > 0) if timed else (r[key] is None), (key, r)
+        if timed:
+            assert r["quantize_vs_copy"] == pytest.approx(r["quantize_1t"] / r["copy"])
+            assert r["dequantize_vs_copy"] == pytest.approx(r["dequantize_1t"] / r["copy"])
+        else:
+            assert r["quantize_vs_copy"] is None and r["dequantize_vs_copy"] is None
 
 
 def test_blockwise_errors_equal_a_direct_computation(run):
