@@ -231,11 +231,7 @@ void quantize_impl(const tensor_view& x, const tensor_view& codes, const tensor_
   check_flat(x, "x", real_inputs);
   check_flat(codes, "codes", {dtype::uint8});
   require_same_device(x, "x", codes, "codes");
-  require(x.numel() == codes.numel(), errc::invalid_argument,
-          "codes: expected " + std::to_string(x.numel()) +
-              " elements (one per element of x) "
-              "but got shape " +
-              codes.shape_string());
+  require_numel(codes, "codes", x.numel(), "one per element of x");
   blockwise_problem p;
   p.x = x;
   p.codes = codes;
@@ -275,11 +271,7 @@ void dequantize_impl(const tensor_view& codes, const tensor_view* absmax,
   check_flat(codes, "codes", {dtype::uint8});
   check_flat(out, "out", {dtype::float32});
   require_same_device(codes, "codes", out, "out");
-  require(out.numel() == codes.numel(), errc::invalid_argument,
-          "out: expected " + std::to_string(codes.numel()) +
-              " elements (one per code) but got "
-              "shape " +
-              out.shape_string());
+  require_numel(out, "out", codes.numel(), "one per code");
   blockwise_dequant_problem p;
   p.codes = codes;
   p.out = out;
