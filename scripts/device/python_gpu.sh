@@ -16,5 +16,22 @@ case ${1:-all} in
     PYTHONPATH="$b/python" timeout 300 python3 -m pytest python/tests -q -m "torch or gpu" \
       -p no:cacheprovider -rs > "$out/python_gpu_tests.log" 2>&1
     echo "python gpu tests rc=$?" >> "$out/python_gpu_tests.log"
-    tail -n 25 "$out/python_gpu_tests.log" ;;
+    tail -n 25 "$out/python_gpu_tests.log" ;;&
+  host | all)
+    # The host-side suites that failed only on the GPU machine (verify reports, fuzzing with
+    # PyTorch present), with Python's fault handler, and a native backtrace under gdb when one
+    # of them crashes and gdb is there.
+    PYTHONPATH="$b/python" timeout 240 python3 -X faulthandler -m pytest -q -p no:cacheprovider \
+      python/tests/test_verify.py python/tests/test_verify_dlpack.py python/tests/test_fuzz.py \
+      python/tests/test_cli_verify.py python/tests/test_report.py -x -rf \
+      > "$out/python_host_tests.log" 2>&1
+    rc=$?
+    echo "python host tests rc=$rc" >> "$out/python_host_tests.log"
+    if ((rc > 1)) && command -v gdb > /dev/null; then
+      PYTHONPATH="$b/python" timeout 120 gdb -batch -ex run -ex bt --args python3 -m pytest -q \
+        -p no:cacheprovider python/tests/test_verify.py python/tests/test_report.py -x \
+        > "$out/python_host_gdb.log" 2>&1
+      grep -E "^#[0-9]+" "$out/python_host_gdb.log" | head -30
+    fi
+    grep -E "passed|failed|error|Fatal|Segmentation|File \"" "$out/python_host_tests.log" | head -40 ;;
 esac
