@@ -1,16 +1,20 @@
 // CUDA kernels of SRAM-quantiles. Per-element results come from blockwise_ops.hpp (shared with
 // the CPU twin); this file only organizes the work:
 //
-//   one thread block per chunk of 4096 values: cub::BlockRadixSort of the total-order keys
-//   (512 threads x 8 keys), the chunk's k quantiles to a scratch table; then the two-level sum
-//   of blockwise.hpp (one thread per group of quantile_group chunks and quantile, then one
+//   one thread block per chunk of 4096 values: an LSD radix sort of the total-order keys in
+//   shared memory (256 threads x 16 keys, digits of up to 8 bits ranked by
+//   cub::BlockRadixRankMatchEarlyCounts: 4 passes for float32, 3 for float16, 2 for bfloat16),
+//   the chunk's k quantiles read from the sorted keys to a scratch table; then the two-level
+//   sum of blockwise.hpp (one thread per group of quantile_group chunks and quantile, then one
 //   thread per quantile), in double.
 #include <cuda_runtime.h>
 
-#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_radix_rank.cuh>
+#include <cub/block/radix_rank_sort_operations.cuh>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "../cast/cast_ops.hpp"
 #include "../common/cuda.hpp"
@@ -23,15 +27,16 @@ namespace {
 
 namespace ops = blockwise_ops;
 
-// 512 threads x 8 keys, CUB's default 4-bit digits: 2 blocks per SM by registers. Other shapes
-// trade shared-memory traffic per key against occupancy (docs/techniques/sram-quantiles.md).
-constexpr int sort_threads = 512, sort_items = 8;
+// 256 threads x 16 keys, digits of up to 8 bits: 64 registers (sm_90), so 4 blocks (32 warps)
+// per SM. Shapes and their trade-offs: docs/techniques/sram-quantiles.md.
+constexpr int sort_threads = 256, sort_items = 16, sort_max_bits = 8;
 static_assert(sort_threads * sort_items == quantile_chunk);
+static_assert(sort_threads % 32 == 0);
 
 // Low key bits the sort skips: a float16 value has at most 11 significant bits and a bfloat16
 // value 8, so the low 13 (16) bits of the float32 from cast_ops::load are 0 (NaNs decode to the
 // quiet NaN), and order_key keeps or inverts them with the sign. Keys equal on the other bits are
-// then equal: 5 (4) radix passes instead of 8, the same sorted keys.
+// then equal: 3 (2) radix passes instead of 4, the same sorted keys.
 template <class In>
 constexpr int key_skip_bits = 0;
 template <>
@@ -39,15 +44,85 @@ constexpr int key_skip_bits<cast_ops::f16_bits> = 13;
 template <>
 constexpr int key_skip_bits<cast_ops::bf16_bits> = 16;
 
+// The sorted bits [skip, 32) split into the fewest passes of at most sort_max_bits, as evenly as
+// possible, wider passes first (float32: 8 8 8 8; float16: 7 6 6; bfloat16: 8 8): the ballots
+// per key equal the sorted bits however they are split, and the even split has the fewest digit
+// counters to clear and scan.
+template <int Skip>
+struct radix_plan {
+  static constexpr int total = 32 - Skip;
+  static constexpr int passes = (total + sort_max_bits - 1) / sort_max_bits;
+  static constexpr int bits(int p) { return total / passes + (p < total % passes ? 1 : 0); }
+  static constexpr int start(int p) { return p == 0 ? Skip : start(p - 1) + bits(p - 1); }
+};
+static_assert(radix_plan<0>::passes == 4 && radix_plan<13>::passes == 3 &&
+              radix_plan<16>::passes == 2);
+static_assert(radix_plan<13>::start(2) + radix_plan<13>::bits(2) == 32);
+
+// The ranker of cub's onesweep sort, with its sm_90 settings: per warp, a histogram of the digits
+// (shared-memory atomics, rank_parts copies), a block-wide scan of the counts, then each key's
+// rank from its warp's running offset and its peers of equal digit (ballots over the digit bits).
+// Tuning knobs for the GPU: WARP_MATCH_ATOMIC_OR instead of the ballots, rank_parts = 2 against
+// atomic conflicts on skewed digits (the high byte of float keys); results do not change.
+constexpr cub::WarpMatchAlgorithm rank_match = cub::WARP_MATCH_ANY;
+constexpr int rank_parts = 1;
+template <int Bits>
+using ranker =
+    cub::BlockRadixRankMatchEarlyCounts<sort_threads, Bits, false, cub::BLOCK_SCAN_WARP_SCANS,
+                                        rank_match, rank_parts>;
+// Raw shared storage for every pass's ranker: the widest digit needs the most.
+struct alignas(16) rank_storage {
+  unsigned char bytes[sizeof(typename ranker<sort_max_bits>::TempStorage)];
+};
+
+// One LSD pass over digit [Start, Start + Bits): rank the keys (stable in the order the ranker
+// takes them: warp by warp, within a warp key j of every lane before key j + 1, lanes in order),
+// scatter them to their ranks in `sorted`; unless Last, read them back in that same order
+// (key j of lane l of warp w is sorted[w * 32 * sort_items + j * 32 + l]), so that the next pass
+// keeps this pass's order among keys with equal next digits. After the last pass `sorted` holds
+// the chunk's keys in order.
+template <int Start, int Bits, bool Last>
+__device__ __forceinline__ void radix_pass(std::uint32_t (&keys)[sort_items], rank_storage& storage,
+                                           std::uint32_t* sorted) {
+  using rank_t = ranker<Bits>;
+  static_assert(sizeof(typename rank_t::TempStorage) <= sizeof(rank_storage) &&
+                alignof(typename rank_t::TempStorage) <= alignof(rank_storage));
+  int ranks[sort_items];
+  rank_t(reinterpret_cast<typename rank_t::TempStorage&>(storage))
+      .RankKeys(keys, ranks, cub::BFEDigitExtractor<std::uint32_t>(Start, Bits));
+  // No barrier needed before the scatter: RankKeys synchronizes the block after every thread has
+  // entered it, hence after every read-back of the previous pass.
+#pragma unroll
+  for (int j = 0; j < sort_items; ++j)
+    sorted[ranks[j]] = keys[j];
+  // All scattered; and every thread is done reading the ranker's counters before the next
+  // RankKeys clears them.
+  __syncthreads();
+  if constexpr (!Last) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const std::uint32_t* row = sorted + warp * 32 * sort_items + lane;
+#pragma unroll
+    for (int j = 0; j < sort_items; ++j)
+      keys[j] = row[j * 32];
+  }
+}
+
+template <int Skip, int... P>
+__device__ __forceinline__ void radix_sort(std::uint32_t (&keys)[sort_items], rank_storage& storage,
+                                           std::uint32_t* sorted,
+                                           std::integer_sequence<int, P...>) {
+  using plan = radix_plan<Skip>;
+  (radix_pass<plan::start(P), plan::bits(P), P + 1 == plan::passes>(keys, storage, sorted), ...);
+}
+
 // One chunk per block at a time (grid-stride). The sort's output is the chunk's keys in order
-// whatever arrangement they enter in, so the loads are striped (each warp reads consecutive
-// elements) rather than blocked.
+// whatever arrangement they enter in (the first pass needs no particular order), so the loads
+// are striped (each warp reads consecutive elements) rather than blocked.
 template <class In>
 __global__ void __launch_bounds__(sort_threads)
     chunk_quantiles_kernel(const In* __restrict__ x, std::int64_t n, std::int64_t chunks,
                            std::int64_t k, float* __restrict__ part) {
-  using sorter = cub::BlockRadixSort<std::uint32_t, sort_threads, sort_items>;
-  __shared__ typename sorter::TempStorage temp;
+  __shared__ rank_storage storage;
   __shared__ std::uint32_t sorted[quantile_chunk];
   constexpr int skip = key_skip_bits<In>;
   // Padding: no smaller than any key of the type, and equal in full to any key that ties with it
@@ -65,12 +140,10 @@ __global__ void __launch_bounds__(sort_threads)
               ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(x[i0 + pos])))
               : padding;
     }
-    __syncthreads(); // temp and sorted may still be read for the previous chunk
-    sorter(temp).Sort(keys, skip, 32);
-#pragma unroll
-    for (int j = 0; j < sort_items; ++j)
-      sorted[threadIdx.x * sort_items + j] = keys[j];
-    __syncthreads();
+    // No barrier: the first RankKeys synchronizes the block before any scatter to `sorted`,
+    // hence after every read of it for the previous chunk.
+    radix_sort<skip>(keys, storage, sorted,
+                     std::make_integer_sequence<int, radix_plan<skip>::passes>{});
     for (std::int64_t q = threadIdx.x; q < k; q += sort_threads)
       part[c * k + q] =
           emu::detail::bit_cast<float>(ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
