@@ -54,15 +54,16 @@ struct runtime_policy {
   LOWBIT_HD constexpr bool stochastic() const { return p.round == emu::rounding::stochastic; }
 };
 
-// Only the rounding mode is a constant; overflow, subnormal and NaN settings stay run-time (they
-// select among rare results: a compare and a select).
+// The hot policy: rounding R, subnormals kept and NaN signs preserved are constants (the
+// encoder then needs no select for them); overflow stays run-time (a min with a uniform bound).
+// dispatch_policy hands other policies to runtime_policy.
 template <emu::rounding R>
 struct fixed_rounding {
   static constexpr bool fixed = true;
   static constexpr emu::rounding mode = R;
   emu::policy p;
   LOWBIT_HD constexpr emu::policy get() const {
-    return emu::policy{R, p.over, p.sub, p.nan, p.random_bits};
+    return emu::policy{R, p.over, emu::subnormals::keep, emu::nan_sign::preserve, p.random_bits};
   }
   LOWBIT_HD static constexpr bool stochastic() { return R == emu::rounding::stochastic; }
 };
@@ -71,7 +72,8 @@ struct fixed_rounding {
 // out-of-line converter on the GPU), which keeps build times and kernel sizes small.
 template <class Fn>
 decltype(auto) dispatch_policy(const emu::policy& p, Fn&& fn) {
-  if (p.round == emu::rounding::nearest_even)
+  if (p.round == emu::rounding::nearest_even && p.sub == emu::subnormals::keep &&
+      p.nan == emu::nan_sign::preserve)
     return fn(fixed_rounding<emu::rounding::nearest_even>{p});
   return fn(runtime_policy{p});
 }

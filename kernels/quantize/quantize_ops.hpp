@@ -116,8 +116,8 @@ inline constexpr bool symmetric_rne = [] {
 
 // One element: encode(x * q) as the target's code (integers in two's complement, low bits).
 // Integer targets map every NaN to 0, so they need none of scaled()'s NaN rule. The symmetric
-// nearest-even encoder takes |x * q| = |x| * |q| and the sign of x XOR q, which is scaled()'s rule
-// for NaNs too once a NaN scale drops the NaN sign: the same bits with no per-element NaN test.
+// nearest-even encoder takes |x * q| = |x| * |q| and the sign of x XOR q (none under a NaN
+// scale), which is scaled()'s rule for NaNs too: the same bits with no per-element NaN test.
 template <class FormatTag, class PolicyTag>
 LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft,
                                                        PolicyTag pt, float x, float q,
@@ -129,11 +129,12 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTa
       return static_cast<std::uint32_t>(
                  detail::quantize_int_generic(ft.get_int(), x * q, pt.get(), rbits)) & 0xFFu;
   } else if constexpr (symmetric_rne<FormatTag, PolicyTag>) {
-    auto enc = emu::detail::rne_encoder::make(ft.get(), pt.get());
-    if (q != q) enc.nan_keep = 0u;
+    const auto enc = emu::detail::rne_encoder::make(ft.get(), pt.get());
     const std::uint32_t xb = bit_cast<std::uint32_t>(x), qb = bit_cast<std::uint32_t>(q);
     const float ax = bit_cast<float>(xb & 0x7FFFFFFFu), aq = bit_cast<float>(qb & 0x7FFFFFFFu);
-    return enc(ft.get(), bit_cast<std::uint32_t>(ax * aq), xb ^ qb);
+    // A NaN scale makes every product NaN, and positive: the sign is dropped.
+    const std::uint32_t sign_mask = q != q ? 0u : 0xFFFFFFFFu;
+    return enc(ft.get(), bit_cast<std::uint32_t>(ax * aq), (xb ^ qb) & sign_mask);
   } else {
     if (t.is_int)
       return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, x * q, pt.get(), rbits)) &
