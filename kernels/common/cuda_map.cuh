@@ -24,20 +24,29 @@ inline constexpr bool wants_index = [] {
   else return false;
 }();
 
-// An op may load per-kernel values (a scale kept in device memory) once per thread: prepare();
-// and an op with `static constexpr int shared_floats` gets that many floats of shared memory
-// through `to_shared(p)` (called by every thread, which copies its share; a barrier follows),
-// for tables read at data-dependent positions.
+// An op with `static constexpr int shared_floats` gets that many floats of shared memory
+// through `to_shared(p)` (called by every thread, which does its share: copies a table read at
+// data-dependent positions, or reduces values the block needs; a barrier follows); and an op
+// may then load per-kernel values once per thread: prepare().
 template <class Op>
 __device__ __forceinline__ Op prepared(const Op& op_in) {
   Op op = op_in;
-  if constexpr (requires { op.prepare(); }) op = op.prepare();
   if constexpr (requires { Op::shared_floats; }) {
     __shared__ float table[Op::shared_floats];
     op = op.to_shared(table);
     __syncthreads();
   }
+  if constexpr (requires { op.prepare(); }) op = op.prepare();
   return op;
+}
+
+// An op may also bind values shared by a chunk of the flat map (C consecutive elements starting
+// at a multiple of C, e.g. one block's scale): `at(i0)` returns the op that the chunk's elements
+// are given to (called once per chunk, and once per element in the last, partial tile).
+template <class Op>
+__device__ __forceinline__ decltype(auto) for_chunk(const Op& op, std::int64_t i0) {
+  if constexpr (requires { op.at(i0); }) return op.at(i0);
+  else return (op);
 }
 
 // The flat map's access pattern: each thread moves chunks of C elements (a 16-byte access on the
@@ -87,10 +96,11 @@ __global__ void __launch_bounds__(map_threads)
         }
         std::int64_t rr = Op::needs_position ? i / cols : 0;
         std::int64_t cc = Op::needs_position ? i - rr * cols : 0;
+        const auto& cop = for_chunk(op, i);
         vec<Out, C> y;
 #pragma unroll
         for (int j = 0; j < C; ++j) {
-          y.v[j] = op(x[u].v[j], wants_index<Op> ? i + j : rr, cc, r[j]);
+          y.v[j] = cop(x[u].v[j], wants_index<Op> ? i + j : rr, cc, r[j]);
           if constexpr (Op::needs_position) {
             if (++cc == cols) {  // a chunk may straddle rows
               cc = 0;
@@ -105,7 +115,8 @@ __global__ void __launch_bounds__(map_threads)
       for (std::int64_t i = base + threadIdx.x; i < n; i += map_threads) {
         const std::uint32_t rb = stochastic ? rng.bits(static_cast<std::uint64_t>(i)) : 0u;
         const std::int64_t rr = Op::needs_position ? i / cols : 0;
-        out[i] = op(in[i], wants_index<Op> ? i : rr, Op::needs_position ? i - rr * cols : 0, rb);
+        out[i] = for_chunk(op, i)(in[i], wants_index<Op> ? i : rr,
+                                  Op::needs_position ? i - rr * cols : 0, rb);
       }
     }
   }

@@ -39,8 +39,15 @@ __device__ __forceinline__ std::uint32_t abs_bits(float x) {
 }
 
 // Rules may keep tables in shared memory: a rule with `static constexpr int shared_bytes` gets
-// that much dynamic shared memory, and the kernels use `rule.to_shared(p)` (called by every
-// thread, which copies its share; a barrier follows) in its place.
+// that much dynamic shared memory (group_shared()), and the kernels use `rule.to_shared()`
+// (called by every thread, which copies its share; a barrier follows) in its place. Reading the
+// tables through group_shared() itself, rather than a pointer kept in the rule, lets the
+// compiler address shared memory directly.
+__device__ __forceinline__ unsigned char* group_shared() {
+  extern __shared__ __align__(16) unsigned char group_shared_bytes[];
+  return group_shared_bytes;
+}
+
 template <class Rule>
 inline constexpr int shared_bytes_of = [] {
   if constexpr (requires { Rule::shared_bytes; }) return Rule::shared_bytes;
@@ -50,8 +57,7 @@ inline constexpr int shared_bytes_of = [] {
 template <class Rule>
 __device__ __forceinline__ Rule in_shared(const Rule& rule) {
   if constexpr (shared_bytes_of<Rule> > 0) {
-    extern __shared__ __align__(16) unsigned char group_shared[];
-    const Rule r = rule.to_shared(group_shared);
+    const Rule r = rule.to_shared();
     __syncthreads();
     return r;
   } else {
@@ -90,16 +96,22 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// Row segments of up to 256 * E elements held in registers: a segment owns `seg_lanes` adjacent
-// lanes (a power of two, <= 256), and its elements are cut into chunks of four, chunk j of the
+// Row segments of up to 128 * E elements held in registers: a segment owns `seg_lanes` adjacent
+// lanes (a power of two, <= 128), and its elements are cut into chunks of four, chunk j of the
 // segment going to lane j % seg_lanes: each thread holds E / 4 chunks, and a warp's load of one
 // chunk per lane touches whole 32-byte sectors (16-byte vector accesses where the rows allow).
 // The segment's amax is reduced by shuffles within a warp and, for segments longer than a warp,
 // through shared memory; the elements are then encoded from registers, so x is read once.
 // Blocks are (bx x by) with bx a power of two >= seg_lanes, so segments never straddle blocks or
 // warps unevenly. Which lane holds which element does not change any result bit.
+// Blocks per SM the segment kernel is compiled for: 4 (64 registers), or 3 (85) with 32
+// elements per thread; one fewer for rules whose shared tables leave room for no more.
+template <class Rule, int E>
+inline constexpr int segment_min_blocks = shared_bytes_of<Rule> > 56 * 1024 ? (E >= 32 ? 2 : 3)
+                                                                          : (E >= 32 ? 3 : 4);
+
 template <int E, class Rule, class In, class Code>
-__global__ void __launch_bounds__(threads, 4)
+__global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, typename Rule::scale_type* __restrict__ scales, std::int64_t rows,
                    std::int64_t cols, std::int64_t k, int seg_lanes, std::int64_t lanes_per_row,
@@ -107,7 +119,7 @@ __global__ void __launch_bounds__(threads, 4)
   static_assert(E % 4 == 0, "whole chunks of four");
   constexpr int J = E / 4;  // chunks per thread
   const Rule rule = in_shared(rule_in);
-  __shared__ std::uint32_t warp_max_smem[threads / 32];
+  __shared__ __align__(16) std::uint32_t warp_max_smem[threads / 32];
   const std::int64_t nseg = (cols + k - 1) / k;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int chunk_lane = threadIdx.x & (seg_lanes - 1);
@@ -147,14 +159,21 @@ __global__ void __launch_bounds__(threads, 4)
       std::uint32_t m = 0;
 #pragma unroll
       for (int e = 0; e < E; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
-      const int warp_lanes = seg_lanes < 32 ? seg_lanes : 32;
-      for (int o = 1; o < warp_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (seg_lanes > 32) {  // block-uniform: the segment spans several warps
-        __syncthreads();
-        if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
-        __syncthreads();
-        const int first = (tid >> 5) & ~(seg_lanes / 32 - 1);
-        for (int w = 0; w < seg_lanes / 32; ++w) m = max(m, warp_max_smem[first + w]);
+      if (seg_lanes < 32) {
+        for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      } else {
+        m = warp_max(m);
+        if (seg_lanes > 32) {  // block-uniform: the segment spans 2 or 4 warps of an aligned four
+          __syncthreads();
+          if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
+          __syncthreads();
+          const int warp = tid >> 5, nw = seg_lanes >> 5;
+          const uint4 w4 = *reinterpret_cast<const uint4*>(&warp_max_smem[warp & ~3]);
+          const int first = warp & ~(nw - 1) & 3;  // the segment's first warp within the four
+          const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+          for (int k = 0; k < 4; ++k) m = k >= first && k < first + nw ? max(m, w[k]) : m;
+        }
       }
       if (!row_ok) continue;
       const auto grp = rule.begin(m);
@@ -195,6 +214,20 @@ __global__ void __launch_bounds__(threads, 4)
   }
 }
 
+// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after opting
+// in to that much where it exceeds the default 48 KiB. Rules with tables in shared memory get
+// about this many blocks per SM (each walks many groups), so that the table copies stay few
+// and no partial second wave runs.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int block_threads, int smem) {
+  if (smem > 48 * 1024)
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int n = 0;
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
+  return std::max(n, 1);
+}
+
 inline int log2_ceil(std::int64_t v) {
   int l = 0;
   while ((std::int64_t{1} << l) < v) ++l;
@@ -206,45 +239,55 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
                      typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                      const emu::random_stream& rng, cudaStream_t stream) {
   const int seg_lanes = 1 << log2_ceil((k + E - 1) / E);
+  if (seg_lanes > 128)  // launch_groups picks E so that it never is
+    throw error(errc::unsupported, "group pass: a segment of more than 128 lanes");
   const std::int64_t nseg = (xm.cols + k - 1) / k;
   const std::int64_t lanes_per_row = nseg * seg_lanes;
   const int bx = static_cast<int>(std::min<std::int64_t>(
       threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
   const int by = threads / bx;
-  // Rules that copy tables into shared memory get about as many blocks as fit on the GPU at
-  // once (each walks many segments), so that the copies stay few.
+  const auto kernel = segment_kernel<E, Rule, In, Code>;
   const std::int64_t gx = std::min<std::int64_t>(
-      (lanes_per_row + bx - 1) / bx, shared_bytes_of<Rule> > 0 ? sm_count() * 4 : 65535);
+      (lanes_per_row + bx - 1) / bx,
+      shared_bytes_of<Rule> > 0
+          ? std::int64_t{sm_count()} * resident_blocks(kernel, threads, shared_bytes_of<Rule>)
+          : 65535);
   const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
   const std::int64_t gy =
       std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
   const bool vector = k % 4 == 0 && xm.cols % 4 == 0 && xm.row_stride % 4 == 0 &&
                       cm.row_stride % 4 == 0 && aligned_to<In>(x, sizeof(In) * 4) &&
                       aligned_to<Code>(codes, sizeof(Code) * 4);
-  segment_kernel<E><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by),
-                      shared_bytes_of<Rule>, stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols,
+  kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by),
+           shared_bytes_of<Rule>, stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols,
                                 k, seg_lanes, lanes_per_row, vector, rule, rng);
   check_launch("segment_kernel");
 }
 
 // Launches the right group-pass kernel for row segments or tiles: segments of up to 2048
-// elements with 8 per thread, up to 4096 with 16, longer ones and 2-D tiles one block per group.
+// elements with 16 per thread, up to 4096 with 32 (a segment then spans at most four warps, and
+// a thread's per-group work serves 16 or 32 elements), longer ones and 2-D tiles one block per
+// group.
 template <class Rule, class In, class Code>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0) return;
   if (gr == 1 && gc <= 2048)
-    return launch_segments<8>(x, xm, codes, cm, scales, gc, rule, rng, stream);
-  if (gr == 1 && gc <= 4096)
     return launch_segments<16>(x, xm, codes, cm, scales, gc, rule, rng, stream);
+  if (gr == 1 && gc <= 4096)
+    return launch_segments<32>(x, xm, codes, cm, scales, gc, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);
   const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
   const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};
   const std::int64_t groups = ((xm.rows + gr - 1) / gr) * geo.scale_cols;
-  const std::int64_t cap = shared_bytes_of<Rule> > 0 ? sm_count() * 4 : std::int64_t{1} << 30;
+  const auto kernel = group_block_kernel<Rule, In, Code>;
+  const std::int64_t cap =
+      shared_bytes_of<Rule> > 0
+          ? std::int64_t{sm_count()} * resident_blocks(kernel, threads, shared_bytes_of<Rule>)
+          : std::int64_t{1} << 30;
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(groups, cap));
-  group_block_kernel<<<grid, threads, shared_bytes_of<Rule>, stream>>>(
+  kernel<<<grid, threads, shared_bytes_of<Rule>, stream>>>(
       x, xm.row_stride, codes, cm.row_stride, scales, geo, lanes_log2, rule, rng);
   check_launch("group_block_kernel");
 }

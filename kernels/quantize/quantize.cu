@@ -1,7 +1,9 @@
 // CUDA kernels of the quantization technique. Per-element and per-group results come from
 // quantize_ops.hpp (shared with the CPU twin); this file only organizes the work:
 //
-//   per tensor, columns : amax kernel (atomicMax of |x| bits, order-free) -> scale kernel -> cast
+//   per tensor          : amax kernel (block maxima of |x| bits, order-free) -> scale kernel
+//                         (one block reduces the maxima) -> cast
+//   columns             : amax kernel (atomicMax per column) -> scale kernel -> cast
 //   rows, blocks, tiles : one pass per group (common/group_pass.cuh): row segments of up to
 //                         4096 elements held in registers, longer groups and tiles one block
 //                         each (amax pass, then cast pass, the second read from L1/L2)
@@ -27,10 +29,13 @@ constexpr int threads = 256;
 
 // ---- amax --------------------------------------------------------------------------------------
 
+// |x| max bits of a tensor: each block's maximum to amax[block] (partial), or an atomicMax into
+// amax[0] (zeroed first).
+
 template <class In>
 __global__ void __launch_bounds__(threads)
     amax_tensor_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                       std::int64_t rs, std::uint32_t* __restrict__ amax) {
+                       std::int64_t rs, std::uint32_t* __restrict__ amax, bool partial) {
   std::uint32_t m = 0;
   constexpr int V = 16 / sizeof(In);
   if (rs == cols) {  // contiguous: one flat grid-stride loop, 16-byte loads where aligned
@@ -64,7 +69,12 @@ __global__ void __launch_bounds__(threads)
         m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
   }
   m = block_max(m);
-  if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  if (threadIdx.x == 0) {
+    if (partial)
+      amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
+    else if (m != 0)
+      atomicMax(amax, m);
+  }
 }
 
 // Per-column amax: a 32 x 8 block covers 32 columns and strides down the rows.
@@ -97,6 +107,21 @@ __global__ void scale_kernel(const std::uint32_t* __restrict__ amax, float* __re
     const auto s = quant_ops::scale_from_amax(amax[g], target_max, sc);
     q[g] = s.q;
     if (d != nullptr) d[g] = s.d;
+  }
+}
+
+// Current scaling's scale from the amax kernel's block maxima (one block): q to scratch for the
+// cast (read once per thread there, a uniform value), d to the output.
+__global__ void __launch_bounds__(threads)
+    tensor_scale_kernel(const std::uint32_t* __restrict__ partial, int parts, float* __restrict__ q,
+                        float* __restrict__ d, float target_max, scaling sc) {
+  std::uint32_t m = 0;
+  for (int j = threadIdx.x; j < parts; j += blockDim.x) m = max(m, partial[j]);
+  m = block_max(m);
+  if (threadIdx.x == 0) {
+    const auto s = quant_ops::scale_from_amax(m, target_max, sc);
+    *q = s.q;
+    if (d != nullptr) *d = s.d;
   }
 }
 
@@ -323,6 +348,22 @@ void quantize(const quant_problem& p, const exec& ex) {
     }
     switch (p.g.k) {
       case grouping::kind::tensor:
+        if (m * n != 0) {
+          // The amax kernel's block maxima (nothing to zero first), the scale from them, the cast.
+          const dim3 grid = amax_grid();
+          const int parts = static_cast<int>(grid.x * grid.y);
+          scratch partial(sizeof(std::uint32_t) * parts + sizeof(float), stream);
+          amax_tensor_kernel<<<grid, threads, 0, stream>>>(x, m, n, p.xm.row_stride,
+                                                          partial.as<std::uint32_t>(), true);
+          check_launch("amax_tensor_kernel");
+          float* q = reinterpret_cast<float*>(partial.as<std::uint32_t>() + parts);
+          tensor_scale_kernel<<<1, threads, 0, stream>>>(partial.as<const std::uint32_t>(), parts,
+                                                          q, scales, p.target_max, p.sc);
+          check_launch("tensor_scale_kernel");
+          tensor_cast(q);
+          return;
+        }
+        [[fallthrough]];
       case grouping::kind::columns: {
         const bool cols = p.g.k == grouping::kind::columns;
         const std::int64_t groups = cols ? n : 1;
@@ -337,17 +378,15 @@ void quantize(const quant_problem& p, const exec& ex) {
                 x, m, n, p.xm.row_stride, amax.as<std::uint32_t>());
           } else {
             amax_tensor_kernel<<<amax_grid(), threads, 0, stream>>>(x, m, n, p.xm.row_stride,
-                                                                    amax.as<std::uint32_t>());
+                                                                    amax.as<std::uint32_t>(), false);
           }
           check_launch("amax kernel");
         }
         scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
             amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
         check_launch("scale_kernel");
-        if (m * n == 0) return;
-        if (!cols) {
-          tensor_cast(q.as<const float>());
-        } else if (p.transpose) {
+        if (m * n == 0) return;  // an empty tensor's scale only
+        if (p.transpose) {
           const std::int64_t tiles = ((m + 31) / 32) * ((n + 31) / 32);
           cast_transpose_kernel<<<grid_for(tiles * threads, threads), dim3(32, 8), 0, stream>>>(
               x, m, n, p.xm.row_stride, codes, p.cm.row_stride, p.t, ft, pt, q.as<const float>(),
