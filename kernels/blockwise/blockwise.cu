@@ -26,10 +26,10 @@ namespace {
 namespace ops = blockwise_ops;
 
 __global__ void buckets_kernel(const ops::tables* __restrict__ tb,
-                               std::uint16_t* __restrict__ buckets) {
+                               std::uint32_t* __restrict__ buckets) {
   const std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u < ops::bucket_count)
-    buckets[u] = ops::bucket_bounds(tb->sum_hi, tb->sum_lo, u);
+    buckets[u] = ops::bucket_entry(tb->sum_hi, tb->sum_lo, u);
 }
 
 // The codebook tables with their bucket table (blockwise_ops.hpp) as one 16-byte aligned blob in
@@ -37,7 +37,7 @@ __global__ void buckets_kernel(const ops::tables* __restrict__ tb,
 // memory (their lookups are data dependent: shared memory serves them at far more lookups per
 // cycle than the L1 cache).
 constexpr int tables_bytes = (sizeof(ops::tables) + 15) / 16 * 16;
-constexpr int blob_bytes = tables_bytes + static_cast<int>(sizeof(std::uint16_t) * ops::bucket_count);
+constexpr int blob_bytes = tables_bytes + static_cast<int>(sizeof(std::uint32_t) * ops::bucket_count);
 
 class device_codebook {
 public:
@@ -45,7 +45,7 @@ public:
     LOWBIT_CUDA_CHECK(
         cudaMemcpyAsync(mem_.as<ops::tables>(), &tb, sizeof(ops::tables), cudaMemcpyHostToDevice, stream));
     buckets_kernel<<<ops::bucket_count / 256, 256, 0, stream>>>(
-        mem_.as<ops::tables>(), reinterpret_cast<std::uint16_t*>(mem_.as<unsigned char>() + tables_bytes));
+        mem_.as<ops::tables>(), reinterpret_cast<std::uint32_t*>(mem_.as<unsigned char>() + tables_bytes));
     check_launch("blockwise buckets_kernel");
   }
   const unsigned char* blob() const { return mem_.as<unsigned char>(); }
@@ -55,34 +55,51 @@ private:
 };
 
 // Block-wise quantization as a group rule (common/group_pass.cuh): the stored absmax, and each
-// element's code, exactly ops::encode with the bucket search in place of the binary search.
+// element's code, exactly ops::encode with the division by the block's absmax through one
+// reciprocal per block (ops::block_divisor) and the bucket search in place of the binary search.
 struct codebook_rule {
   using scale_type = float;
   static constexpr int shared_bytes = blob_bytes;
   struct group {
     std::uint32_t amax;
+    ops::block_divisor div;
   };
-  const unsigned char* blob;  // device memory, then shared memory
+  const unsigned char* blob;  // device memory; the kernels read the copy in group_shared()
   std::uint32_t zero_code;
   bool sr;
-  __device__ codebook_rule to_shared(unsigned char* smem) const {
+  std::uint32_t buckets_at = 0;  // shared-memory address of the bucket table (after to_shared)
+  __device__ codebook_rule to_shared() const {
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const auto* src = reinterpret_cast<const uint4*>(blob);
-    auto* dst = reinterpret_cast<uint4*>(smem);
+    auto* dst = reinterpret_cast<uint4*>(group_pass::group_shared());
     for (int j = tid; j < blob_bytes / 16; j += nt)
       dst[j] = __ldg(src + j);
-    return {smem, zero_code, sr};
+    codebook_rule r = *this;
+    // Through an opaque move: the compiler then keeps the address in a register instead of
+    // recomputing the shared window's base for every element.
+    const auto at =
+        static_cast<std::uint32_t>(__cvta_generic_to_shared(group_pass::group_shared() + tables_bytes));
+    asm volatile("mov.b32 %0, %1;" : "=r"(r.buckets_at) : "r"(at));
+    return r;
   }
-  __device__ group begin(std::uint32_t amax_bits) const { return {amax_bits}; }
+  __device__ group begin(std::uint32_t amax_bits) const {
+    // An all-zero block keeps x (ops::normalized): dividing by 1 does; so does a poisoned one,
+    // whose elements element() replaces.
+    const float a = amax_bits == 0 || ops::poisoned(amax_bits) ? 1.0f : __uint_as_float(amax_bits);
+    return {amax_bits, ops::block_divisor::make(a)};
+  }
   __device__ float stored(const group& g) const { return ops::stored_absmax(g.amax); }
   __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
-    if (ops::poisoned(g.amax))
-      return zero_code;
-    const float t = ops::normalized(x, g.amax);
-    const auto* tb = reinterpret_cast<const ops::tables*>(blob);
-    return sr ? ops::stochastic_index(tb->value, t, rbits)
-              : ops::nearest_by_buckets(reinterpret_cast<const std::uint16_t*>(blob + tables_bytes),
-                                        tb->sum_hi, tb->sum_lo, t);
+    const auto* tb = reinterpret_cast<const ops::tables*>(group_pass::group_shared());
+    if (sr)
+      return ops::poisoned(g.amax) ? zero_code : ops::stochastic_index(tb->value, g.div(x), rbits);
+    // A poisoned block searches t = +0, whose nearest entry is zero_code by definition: a
+    // select rather than a branch per element.
+    const float t = ops::poisoned(g.amax) ? 0.0f : g.div(x);
+    // The bucket entry through its 32-bit shared address, computed once per thread.
+    std::uint32_t e;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(buckets_at + 4u * ops::bucket_of(t)));
+    return ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
   }
   __device__ bool stochastic() const { return sr; }
 };
@@ -100,7 +117,8 @@ void launch_quantize(const In* x, std::int64_t n, std::int64_t block, std::uint8
 }
 
 // Dequantization in the element-wise map: out[i] = cb[codes[i]] * a[i / block], the codebook(s)
-// in shared memory, the absmax values through the read-only cache.
+// in shared memory, the block's absmax read once per chunk of the map (blocks are at least 64
+// elements, a power of two, so a chunk never straddles two).
 struct dequant_op {
   static constexpr bool needs_position = false, needs_index = true;
   static constexpr int shared_floats = 512;
@@ -116,12 +134,22 @@ struct dequant_op {
     o.cb = table;
     return o;
   }
-  __device__ float operator()(std::uint8_t c, std::int64_t i, std::int64_t, std::uint32_t) const {
-    const std::int64_t b = i >> block_log2;
+  struct block_op {  // the elements of one block
+    const float* cb;
+    float a;
+    __device__ float operator()(std::uint8_t c, std::int64_t, std::int64_t, std::uint32_t) const {
+      return ops::decode(cb[c], a);
+    }
+  };
+  __device__ block_op at(std::int64_t i0) const {
+    const std::int64_t b = i0 >> block_log2;
     const float a = codes2 == nullptr
                         ? __ldg(absmax + b)
                         : ops::decode(cb[256 + __ldg(codes2 + b)], __ldg(absmax2 + b / nested_block));
-    return ops::decode(cb[c], a);
+    return {cb, a};
+  }
+  __device__ float operator()(std::uint8_t c, std::int64_t i, std::int64_t r, std::uint32_t rb) const {
+    return at(i)(c, i, r, rb);
   }
 };
 

@@ -3,6 +3,7 @@
 // between neighbours and dequantization. Every result bit comes from here.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <lowbit/emu/config.hpp>
@@ -73,40 +74,109 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_index(const float* sum_hi, const f
 //
 // nearest_index is monotone in t, so every t whose float bits share a bucket (sign, exponent and
 // top 6 mantissa bits; |t| <= 1 keeps the exponent field below 128, hence 2^14 buckets) has its
-// nearest index between those of the bucket's two ends. A table holds both ends' indices; a walk
-// over the midpoints between them, with the same exact comparison, ends at the same index as the
-// binary search. For the built-in codebooks a bucket holds at most one midpoint, so the walk is
-// one comparison at most; any sorted codebook gives the same results, only slower where entries
-// crowd.
+// nearest index between those of the bucket's two ends. Within a bucket t's bits differ only in
+// the low 17, and |t| grows with them; mirrored (low ^ 0x1FFFF) for negative t, the index grows
+// with them. A bucket whose two ends' indices differ by at most one (every bucket of the
+// built-in codebooks) holds the smaller index and the first mirrored low value at which the
+// index is one more (2^17: never): one table read and one integer comparison find the index.
+// A bucket that spans more midpoints (entries that crowd) holds both ends' indices, and a walk
+// over the midpoints between them, with the same exact comparison, ends where the binary search
+// does. Either way the index is nearest_index(t).
 inline constexpr std::uint32_t bucket_count = 1u << 14;
+inline constexpr std::uint32_t bucket_walk = 0x80000000u;  // entry flag: walk the midpoints
+inline constexpr std::uint32_t bucket_never = 1u << 17;     // threshold: no step in the bucket
 
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
   const auto b = bit_cast<std::uint32_t>(t);
   return ((b >> 18) & 0x2000u) | ((b >> 17) & 0x1FFFu);
 }
 
-// Table entry of bucket u: the lower end's index in bits 0-7, the upper end's in bits 8-15.
-LOWBIT_HD inline std::uint16_t bucket_bounds(const float* sum_hi, const float* sum_lo,
-                                             std::uint32_t u) {
-  const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);
-  const std::uint32_t i0 = nearest_index(sum_hi, sum_lo, bit_cast<float>(first));
-  const std::uint32_t i1 = nearest_index(sum_hi, sum_lo, bit_cast<float>(first | 0x1FFFFu));
-  const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
-  return static_cast<std::uint16_t>(lo | (hi << 8));
+// The low 17 bits of t, mirrored for negative t.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_low(std::uint32_t bits) {
+  return (bits ^ static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31)) & 0x1FFFFu;
 }
 
-// nearest_index(t) for |t| <= 1 (not NaN), from the bucket table.
-LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_by_buckets(const std::uint16_t* buckets,
-                                                         const float* sum_hi, const float* sum_lo,
-                                                         float t) {
-  const std::uint32_t b = buckets[bucket_of(t)];
-  std::uint32_t idx = b & 0xFFu;
-  const std::uint32_t hi = b >> 8;
+// Table entry of bucket u: the smaller index in bits 23-30 and the threshold in bits 0-17; or,
+// flagged bucket_walk, the smaller end index in bits 0-7 and the larger in bits 8-15.
+LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* sum_lo,
+                                            std::uint32_t u) {
+  const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);  // low bits 0
+  const auto index_at = [&](std::uint32_t low) {
+    return nearest_index(sum_hi, sum_lo, bit_cast<float>(first | low));
+  };
+  const std::uint32_t i0 = index_at(0), i1 = index_at(0x1FFFFu);
+  if (i0 == i1)
+    return (i0 << 23) | bucket_never;
+  const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
+  if (hi - lo > 1)
+    return bucket_walk | lo | (hi << 8);
+  std::uint32_t below = 0, at = 0x1FFFFu;  // index_at(below) == i0 != index_at(at)
+  while (at - below > 1) {
+    const std::uint32_t mid = below + (at - below) / 2;
+    (index_at(mid) == i0 ? below : at) = mid;
+  }
+  // Raw low bits >= at step away from i0; mirrored, those below `at` reach the larger index.
+  return (lo << 23) | (i0 < i1 ? at : bucket_never - at);
+}
+
+// nearest_index(t) for |t| <= 1 (not NaN), from the entry e of t's bucket.
+LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_bucket(std::uint32_t e, const float* sum_hi,
+                                                        const float* sum_lo, float t) {
+  const std::uint32_t bits = bit_cast<std::uint32_t>(t);
+  if ((e & bucket_walk) == 0)
+    return (e >> 23) + (bucket_low(bits) >= (e & 0x3FFFFu) ? 1u : 0u);
+  std::uint32_t idx = e & 0xFFu;
+  const std::uint32_t hi = (e >> 8) & 0xFFu;
   const float t2 = t + t;
   while (idx < hi && above(t2, sum_hi[idx], sum_lo[idx]))
     ++idx;
   return idx;
 }
+
+// nearest_index(t) for |t| <= 1 (not NaN), from the bucket table.
+LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_by_buckets(const std::uint32_t* buckets,
+                                                         const float* sum_hi, const float* sum_lo,
+                                                         float t) {
+  return nearest_in_bucket(buckets[bucket_of(t)], sum_hi, sum_lo, t);
+}
+
+// x / a for the elements x of one block (|x| <= a, a > 0 finite), bit for bit the correctly
+// rounded division, with the reciprocal computed once per block: q0 = x * y with y = RN(1/a),
+// then two corrections q += (x - a*q) * y by fused multiply-adds. The first leaves q within one
+// ulp of x / a (y is within half an ulp of 1/a); the remainder x - a*q is then exact, and the
+// second correction rounds correctly (Markstein's theorem for a correctly rounded reciprocal).
+// The argument needs every quantity in the normal range: a in [2^-100, 2^100], and
+// |x| >= max(2^-79, a * 2^-100), which keeps |x / a| >= 2^-100 and the products' grids above
+// the subnormals. Other blocks, and smaller nonzero x, divide. Zeros keep their sign.
+// `blockwise_codebook.block_divisor_equals_division` checks it against the division.
+struct block_divisor {
+  float a, y;
+  std::uint32_t small_bits;  // nonzero |x| bits below this divide (0xFFFFFFFF: all of them)
+  LOWBIT_HD LOWBIT_INLINE static block_divisor make(float a) {
+    const std::uint32_t ab = bit_cast<std::uint32_t>(a);
+    const bool fast = ab >= (27u << 23) && ab <= (227u << 23);  // 2^-100 <= a <= 2^100
+    std::uint32_t small = 48u << 23;                           // 2^-79
+    if (ab >= (148u << 23))                                     // a >= 2^21: a * 2^-100 > 2^-79
+      small = ab - (100u << 23);
+    return {a, 1.0f / a, fast ? small : 0xFFFFFFFFu};
+  }
+  LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
+    const std::uint32_t xb = bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+    if (xb - 1u < small_bits - 1u)  // 0 < xb < small_bits in one comparison
+      return x / a;
+    const float q0 = x * y;
+    const float q1 = fma_rn(fma_rn(-a, q0, x), y, q0);
+    const float q2 = fma_rn(fma_rn(-a, q1, x), y, q1);
+    return xb == 0 ? x : q2;
+  }
+  LOWBIT_HD LOWBIT_INLINE static float fma_rn(float p, float q, float r) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(p, q, r);
+#else
+    return std::fma(p, q, r);
+#endif
+  }
+};
 
 // Number of entries <= t (0..256), branch-free.
 LOWBIT_HD LOWBIT_INLINE std::uint32_t count_at_most(const float* value, float t) {

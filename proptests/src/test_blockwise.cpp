@@ -272,9 +272,9 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
   for (std::size_t c = 0; c < cbs.size(); ++c) {
     ops::tables tb;
     ops::prepare(cbs[c].values().data(), tb);
-    std::vector<std::uint16_t> buckets(ops::bucket_count);
+    std::vector<std::uint32_t> buckets(ops::bucket_count);
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u)
-      buckets[u] = ops::bucket_bounds(tb.sum_hi, tb.sum_lo, u);
+      buckets[u] = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
     int mismatches = 0;
     const auto check = [&](float t) {
       if (!(std::fabs(t) <= 1.0f)) return;
@@ -286,7 +286,14 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
     };
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
       const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);
-      for (std::uint32_t b : {first, first + 1u, first | 0xFFFFu, first | 0x1FFFEu, first | 0x1FFFFu}) {
+      // The raw low bits where a one-step bucket's index changes, and their neighbours.
+      const std::uint32_t e = buckets[u], thr = e & 0x3FFFFu;
+      const std::uint32_t step =
+          (e & ops::bucket_walk) != 0 || thr >= ops::bucket_never
+              ? 0u
+              : ((u & 0x2000u) != 0 ? ops::bucket_never - thr : thr);
+      for (std::uint32_t b : {first, first + 1u, first | 0xFFFFu, first | 0x1FFFEu, first | 0x1FFFFu,
+                              first | (step - 1u), first | step, first | ((step + 1u) & 0x1FFFFu)}) {
         float t;
         std::memcpy(&t, &b, 4);
         check(t);
@@ -305,6 +312,66 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
     }
     EXPECT_EQ(mismatches, 0) << "codebook " << c;
   }
+}
+
+// The CUDA kernels divide by a block's absmax through one reciprocal per block
+// (ops::block_divisor); the CPU twin divides. Both must give the same bits for every |x| <= a:
+// checked for absmax values across the whole float range (subnormal, the ends of the fast
+// range, powers of two and their neighbours, random) against x from every binade below a,
+// each binade's ends, the fast path's lower limit and its neighbours, and signed zeros.
+TEST(blockwise_codebook, block_divisor_equals_division) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  const auto from_bits = [](std::uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  const auto bits_of = [](float f) {
+    std::uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  std::mt19937_64 g(11);
+  std::vector<float> as;
+  for (std::uint32_t e = 0; e < 255; ++e)  // every binade: its power of two, its top, a random one
+    for (std::uint32_t m : {0u, 1u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu})
+      if ((e << 23 | m) != 0)
+        as.push_back(from_bits(e << 23 | m));
+  for (std::uint32_t edge : {27u << 23, 227u << 23, 148u << 23, 48u << 23})
+    for (std::uint32_t d : {0u, 1u, 0xFFFFFFFFu})
+      as.push_back(from_bits(edge + d));
+  int mismatches = 0;
+  std::int64_t checked = 0;
+  for (const float a : as) {
+    const ops::block_divisor div = ops::block_divisor::make(a);
+    const std::uint32_t ab = bits_of(a);
+    const auto check = [&](std::uint32_t xb) {
+      if ((xb & 0x7FFFFFFFu) > ab)
+        return;
+      const float x = from_bits(xb);
+      const float want = x / a, got = div(x);
+      ++checked;
+      if (bits_of(want) != bits_of(got) && ++mismatches <= 5)
+        ADD_FAILURE() << "a = " << describe_input(a) << ", x = " << describe_input(x)
+                      << ": divisor " << describe_input(got) << ", division "
+                      << describe_input(want);
+    };
+    std::vector<std::uint32_t> xs = {0u, 0x80000000u, ab, ab | 0x80000000u, ab - 1u, 1u,
+                                     div.small_bits - 1u, div.small_bits, div.small_bits + 1u};
+    for (std::uint32_t e = 0; e <= (ab >> 23); ++e)
+      for (std::uint32_t m : {0u, 0x7FFFFFu})
+        xs.push_back(e << 23 | m);
+    for (int i = 0; i < 4000; ++i) {  // random x with exponents up to a's
+      const std::uint32_t e = static_cast<std::uint32_t>(g() % ((ab >> 23) + 1));
+      xs.push_back(e << 23 | (static_cast<std::uint32_t>(g()) & 0x7FFFFFu));
+    }
+    for (std::uint32_t xb : xs) {
+      check(xb & 0x7FFFFFFFu);
+      check(xb | 0x80000000u);
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(checked, 500000);
 }
 
 TEST(blockwise_codebook, user_values_are_validated) {
