@@ -46,7 +46,7 @@ void with_code(FT, dtype t, auto&& fn) {
 
 void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
           const emu::policy& pol, const emu::random_stream& rng, const exec& ex) {
-  const matrix_shape im = as_matrix(in, "input"), om = as_matrix(out, "output");
+  const matrix_shape im = as_matrix(in, "x"), om = as_matrix(out, "out");
   cast_ops::dispatch_input(in.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     detail::dispatch_target_for<In>(target::of(fmt), [&](auto ft) {
@@ -64,7 +64,7 @@ void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
 
 void decode(const tensor_view& codes, const tensor_view& out, const emu::format& fmt,
             const exec& ex) {
-  const matrix_shape cm = as_matrix(codes, "codes"), om = as_matrix(out, "output");
+  const matrix_shape cm = as_matrix(codes, "codes"), om = as_matrix(out, "out");
   detail::dispatch_target(target::of(fmt), [&](auto ft) {
     with_code<void>(ft, codes.type, [&](auto code_tag) {
       using Code = decltype(code_tag);

@@ -6,14 +6,16 @@
 
 namespace lowbit::kernels {
 
-bool cuda_available() {
+int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error for later calls
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
+
+bool cuda_available() { return cuda_device_count() > 0; }
 
 namespace cuda {
 

@@ -16,6 +16,7 @@ namespace {
 }  // namespace
 
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 
 void require_device_memory(std::initializer_list<const tensor_view*>,
                            std::initializer_list<const char*>) {

@@ -313,27 +313,27 @@ TEST(cast, bad_arguments_are_refused_by_name) {
       [&] {
         kn::cast(view_of(in.data(), dtype::int32, {2, 3}), fout, emu::e4m3fn, emu::rne);
       },
-      lowbit::errc::invalid_type, {"input", "int32"});
+      lowbit::errc::invalid_type, {"x", "int32"});
   expect_error(
       [&] {
         kn::cast(fin, view_of(out.data(), dtype::uint16, {2, 3}), emu::e4m3fn, emu::rne);
       },
-      lowbit::errc::invalid_type, {"output", "uint8"});
+      lowbit::errc::invalid_type, {"out", "uint8"});
   expect_error(
       [&] {
         kn::cast(fin, view_of(out.data(), dtype::uint8, {3, 2}), emu::e4m3fn, emu::rne);
       },
-      lowbit::errc::invalid_argument, {"input", "output", "(2, 3)", "(3, 2)"});
+      lowbit::errc::invalid_argument, {"x", "out", "(2, 3)", "(3, 2)"});
   expect_error(
       [&] {
         kn::cast(view_of(nullptr, dtype::float32, {2, 3}), fout, emu::e4m3fn, emu::rne);
       },
-      lowbit::errc::invalid_argument, {"input", "null"});
+      lowbit::errc::invalid_argument, {"x", "null"});
   expect_error(
       [&] {
         kn::cast(fin, view_of(nullptr, dtype::uint8, {2, 3}), emu::e4m3fn, emu::rne);
       },
-      lowbit::errc::invalid_argument, {"output", "null"});
+      lowbit::errc::invalid_argument, {"out", "null"});
   expect_error([&] { kn::cast(fin, fout, emu::e4m3fn, emu::policy{emu::rounding::stochastic}); },
                lowbit::errc::invalid_argument, {"random bits"});
   expect_error(
@@ -354,11 +354,11 @@ TEST(cast, bad_arguments_are_refused_by_name) {
                    view_of(in.data(), dtype::float32, {2, 3}),
                    emu::format{8, 6, -700, emu::specials::ieee}); // does not fit float
       },
-      lowbit::errc::invalid_type, {"output", "float64"});
+      lowbit::errc::invalid_type, {"out", "float64"});
   kn::tensor_view on_gpu = fout;
   on_gpu.dev = kn::device{kn::device_type::cuda, 0};
   expect_error([&] { kn::cast(fin, on_gpu, emu::e4m3fn, emu::rne); },
-               lowbit::errc::invalid_argument, {"input", "output", "cuda:0"});
+               lowbit::errc::invalid_argument, {"x", "out", "cuda:0"});
 }
 
 } // namespace

@@ -323,6 +323,11 @@ def _usable(name: str, device: Device) -> Device:
     if device.type == "cuda" and not _core.cuda_built():
         raise RuntimeError(f"{name}: a CUDA array ({device}), but this lowbit build has no CUDA "
                            "kernels; rebuild with LOWBIT_ENABLE_CUDA=ON or pass CPU arrays")
+    if device.type == "cuda":
+        count = _core.cuda_device_count()
+        if not 0 <= device.index < count:
+            raise ValueError(f"{name}: a CUDA array on {device}, but this process sees {count} "
+                             f"CUDA device{'' if count == 1 else 's'}")
     return device
 
 

@@ -995,6 +995,8 @@ values of the codes.)doc")
       py::arg("kind"), py::arg("what"));
   m.def("cuda_available", &lowbit::kernels::cuda_available,
         "True when this build has CUDA kernels and a device is present.");
+  m.def("cuda_device_count", &lowbit::kernels::cuda_device_count,
+        "Number of CUDA devices this process can use (0 without CUDA kernels).");
   m.def(
       "cuda_built",
       [] {

@@ -23,7 +23,7 @@ case ${1:-all} in
     # of them crashes and gdb is there.
     PYTHONPATH="$b/python" timeout 240 python3 -X faulthandler -m pytest -q -p no:cacheprovider \
       python/tests/test_verify.py python/tests/test_verify_dlpack.py python/tests/test_fuzz.py \
-      python/tests/test_cli_verify.py python/tests/test_report.py -x -rf \
+      python/tests/test_cli_verify.py python/tests/test_report.py -rf \
       > "$out/python_host_tests.log" 2>&1
     rc=$?
     echo "python host tests rc=$rc" >> "$out/python_host_tests.log"
@@ -33,5 +33,5 @@ case ${1:-all} in
         > "$out/python_host_gdb.log" 2>&1
       grep -E "^#[0-9]+" "$out/python_host_gdb.log" | head -30
     fi
-    grep -E "passed|failed|error|Fatal|Segmentation|File \"" "$out/python_host_tests.log" | head -40 ;;
+    grep -iE "passed|failed|error|Fatal|Segmentation|File \"" "$out/python_host_tests.log" | head -40 ;;
 esac

@@ -19,8 +19,8 @@ namespace lowbit::kernels {
 // The dtype that holds codes of format f.
 dtype code_dtype(const emu::format& f);
 
-// out[i] = emu::encode(fmt, in[i], pol, rng.bits(i)). Same shape; any strides; empty is a no-op.
-void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
+// out[i] = emu::encode(fmt, x[i], pol, rng.bits(i)). Same shape; any strides; empty is a no-op.
+void cast(const tensor_view& x, const tensor_view& out, const emu::format& fmt,
           const emu::policy& pol, const emu::random_stream& rng = {}, const exec& ex = {});
 
 // out[i] = the exact value of code codes[i]; out is float32 (formats that fit float) or float64.

@@ -86,4 +86,7 @@ struct exec {
 // True when this build has CUDA kernels and a device is present.
 bool cuda_available();
 
+// Number of CUDA devices this process can use (0 without CUDA kernels or devices).
+int cuda_device_count();
+
 }  // namespace lowbit::kernels
