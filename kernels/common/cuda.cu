@@ -34,6 +34,32 @@ int sm_count() {
   return counts[static_cast<std::size_t>(dev)];
 }
 
+cudaMemPool_t scratch_pool() {
+  static std::mutex mu;
+  static std::vector<cudaMemPool_t> pools;  // per device; never destroyed (process lifetime)
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(pools.size()) <= dev) pools.resize(static_cast<std::size_t>(dev) + 1, nullptr);
+  cudaMemPool_t& pool = pools[static_cast<std::size_t>(dev)];
+  if (pool == nullptr) {
+    int supported = 0;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev));
+    if (supported == 0) {
+      LOWBIT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    } else {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = dev;
+      LOWBIT_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+      std::uint64_t keep = std::uint64_t{256} << 20;
+      LOWBIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
+  }
+  return pool;
+}
+
 void require_device_memory(const tensor_view& v, const char* arg) {
   if (v.numel() == 0) return;
   cudaPointerAttributes attr{};

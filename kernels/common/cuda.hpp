@@ -24,11 +24,17 @@ inline void check(cudaError_t err, const char* what, const char* file, int line)
 
 inline cudaStream_t stream_of(const exec& ex) { return static_cast<cudaStream_t>(ex.stream); }
 
+// The stream-ordered memory pool of lowbit's scratch memory on the current device: lowbit's own
+// pool, which keeps up to 256 MiB mapped between calls (the default pool returns its memory at
+// every synchronization, so the next call would map it again); the device's default pool where
+// pools cannot be created.
+cudaMemPool_t scratch_pool();
+
 // Stream-ordered scratch memory for the duration of one host call.
 class scratch {
  public:
   scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    LOWBIT_CUDA_CHECK(cudaMallocAsync(&p_, bytes < 4 ? 4 : bytes, s));
+    LOWBIT_CUDA_CHECK(cudaMallocFromPoolAsync(&p_, bytes < 4 ? 4 : bytes, scratch_pool(), s));
   }
   ~scratch() { cudaFreeAsync(p_, stream_); }
   scratch(const scratch&) = delete;

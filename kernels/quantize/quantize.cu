@@ -457,12 +457,27 @@ scale_layout layout_of(const grouping& g, std::int64_t n) {
   return {never, never, 1};
 }
 
-template <bool MX, class Code, class Scale>
+// The value of code u before scaling: inline for the compile-time targets, out of line for the
+// others.
+template <class FT>
+__device__ __forceinline__ float code_value(const target& t, FT, std::uint32_t u) {
+  if constexpr (detail::is_fixed_int<FT>)
+    return FT::get_int().is_signed ? static_cast<float>(static_cast<std::int8_t>(u))
+                                   : static_cast<float>(static_cast<std::uint8_t>(u));
+  else if constexpr (FT::fixed)
+    return emu::decode<float>(FT::get(), u);
+  else
+    return quant_ops::element_value(t, u);
+}
+
+template <bool MX, class FT, class Code, class Scale>
 __global__ void __launch_bounds__(threads)
     dequant_kernel(const Code* __restrict__ codes, std::int64_t crs, float* __restrict__ out,
                    std::int64_t ors, std::int64_t rows, std::int64_t cols,
-                   const Scale* __restrict__ scales, scale_layout lay, target t) {
+                   const Scale* __restrict__ scales, scale_layout lay, target t, FT ft,
+                   bool vector) {
   const std::int64_t chunks = (cols + 7) / 8;
+  const std::uint32_t mask = t.is_int ? 0xFFu : 0xFFFFu;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const std::int64_t base = lay.row_base(r);
     for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -471,16 +486,29 @@ __global__ void __launch_bounds__(threads)
       std::int64_t g = c0 / lay.tc, rem = c0 - g * lay.tc;
       const Code* src = codes + r * crs + c0;
       float* dst = out + r * ors + c0;
+      const auto value = [&](std::uint32_t u, Scale s) {
+        if constexpr (MX)
+          return quant_ops::mx_value(t, u, s);
+        else
+          return quant_ops::descaled(code_value(t, ft, u & mask), s);
+      };
+      if (vector && c0 + 8 <= cols && rem + 8 <= lay.tc) {
+        // Eight codes of one group: one load, one scale, two 16-byte stores.
+        const vec<Code, 8> w = *reinterpret_cast<const vec<Code, 8>*>(src);
+        const Scale s = scales[base + g];
+        vec<float, 4> y0, y1;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          y0.v[e] = value(static_cast<std::uint32_t>(w.v[e]), s);
+          y1.v[e] = value(static_cast<std::uint32_t>(w.v[e + 4]), s);
+        }
+        *reinterpret_cast<vec<float, 4>*>(dst) = y0;
+        *reinterpret_cast<vec<float, 4>*>(dst + 4) = y1;
+        continue;
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (c0 + e < cols) {
-          const auto u = static_cast<std::uint32_t>(src[e]) & (t.is_int ? 0xFFu : 0xFFFFu);
-          const Scale s = scales[base + g];
-          if constexpr (MX)
-            dst[e] = quant_ops::mx_value(t, u, s);
-          else
-            dst[e] = quant_ops::descaled(quant_ops::element_value(t, u), s);
-        }
+        if (c0 + e < cols) dst[e] = value(static_cast<std::uint32_t>(src[e]), scales[base + g]);
         if (++rem == lay.tc) {
           rem = 0;
           ++g;
@@ -499,16 +527,26 @@ void launch_dequant(const dequant_problem& p, const Scale* scales, const scale_l
   const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((chunks + threads - 1) / threads, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
       std::min<std::int64_t>(m, 65535), std::max<std::int64_t>(1, sm_count() * 8 / gx)));
-  const auto run = [&](auto code_tag) {
+  const auto run = [&](auto code_tag, auto ft) {
     using Code = decltype(code_tag);
+    const bool vector = p.cm.row_stride % 8 == 0 && p.om.row_stride % 4 == 0 &&
+                        aligned_to<Code>(p.codes.ptr<const Code>(), sizeof(Code) * 8) &&
+                        aligned_to<float>(p.out.ptr<float>(), 16);
     dequant_kernel<MX><<<dim3(gx, gy), threads, 0, stream>>>(
         p.codes.ptr<const Code>(), p.cm.row_stride, p.out.ptr<float>(), p.om.row_stride, m, n,
-        scales, lay, p.t);
+        scales, lay, p.t, ft, vector);
     check_launch("dequant_kernel");
   };
-  if (p.codes.type == dtype::int8) return run(std::int8_t{});
-  if (p.codes.type == dtype::uint16) return run(std::uint16_t{});
-  run(std::uint8_t{});
+  const auto with_format = [&](auto code_tag) {
+    if constexpr (MX) {
+      run(code_tag, detail::runtime_format{p.t.fmt});
+    } else {
+      detail::dispatch_target(p.t, [&](auto ft) { run(code_tag, ft); });
+    }
+  };
+  if (p.codes.type == dtype::int8) return with_format(std::int8_t{});
+  if (p.codes.type == dtype::uint16) return with_format(std::uint16_t{});
+  with_format(std::uint8_t{});
 }
 
 }  // namespace
