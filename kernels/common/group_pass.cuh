@@ -96,6 +96,12 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
+// Blocks per SM the segment kernel is compiled for: 4 (64 registers), or 3 (85) with 32
+// elements per thread; one fewer for rules whose shared tables leave room for no more.
+template <class Rule, int E>
+inline constexpr int segment_min_blocks = shared_bytes_of<Rule> > 56 * 1024 ? (E >= 32 ? 2 : 3)
+                                                                          : (E >= 32 ? 3 : 4);
+
 // Row segments of up to 128 * E elements held in registers: a segment owns `seg_lanes` adjacent
 // lanes (a power of two, <= 128), and its elements are cut into chunks of four, chunk j of the
 // segment going to lane j % seg_lanes: each thread holds E / 4 chunks, and a warp's load of one
@@ -104,12 +110,6 @@ __global__ void __launch_bounds__(threads)
 // through shared memory; the elements are then encoded from registers, so x is read once.
 // Blocks are (bx x by) with bx a power of two >= seg_lanes, so segments never straddle blocks or
 // warps unevenly. Which lane holds which element does not change any result bit.
-// Blocks per SM the segment kernel is compiled for: 4 (64 registers), or 3 (85) with 32
-// elements per thread; one fewer for rules whose shared tables leave room for no more.
-template <class Rule, int E>
-inline constexpr int segment_min_blocks = shared_bytes_of<Rule> > 56 * 1024 ? (E >= 32 ? 2 : 3)
-                                                                          : (E >= 32 ? 3 : 4);
-
 template <int E, class Rule, class In, class Code>
 __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
