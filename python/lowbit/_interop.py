@@ -318,12 +318,13 @@ def _backend(name: str, value: Any, device: Device) -> _Backend:
 # ---- one call ----------------------------------------------------------------------------------
 
 
-def _usable(name: str, device: Device) -> Device:
+def _usable(name: str, device: Device, first: bool = True) -> Device:
     # Checked before anything is allocated (allocating CUDA results would need torch or cupy).
+    # The device number only for the first array: the others must be on its device.
     if device.type == "cuda" and not _core.cuda_built():
         raise RuntimeError(f"{name}: a CUDA array ({device}), but this lowbit build has no CUDA "
                            "kernels; rebuild with LOWBIT_ENABLE_CUDA=ON or pass CPU arrays")
-    if device.type == "cuda":
+    if device.type == "cuda" and first:
         count = _core.cuda_device_count()
         if not 0 <= device.index < count:
             raise ValueError(f"{name}: a CUDA array on {device}, but this process sees {count} "
@@ -355,7 +356,7 @@ class Call:
                     raise TypeError(f"{name}: expected an array (it is updated in place), got "
                                     f"{type(value).__name__}")
                 value = self.backend.asarray(name, value, dtype or "float32")
-            dev = _usable(name, device_of(name, value))
+            dev = _usable(name, device_of(name, value), first=False)
             if dev != self.device:
                 raise ValueError(f"{name} is on {dev} but {first_name} is on {self.device}; "
                                  "every array argument must be on the same device")
