@@ -184,6 +184,14 @@ def test_cuda_arrays_in_a_build_without_cuda():
 
 
 @pytest.mark.skipif(not _core.cuda_built(), reason="needs a build with CUDA kernels")
+def test_cuda_device_numbers_the_process_does_not_see():
+    n = _core.cuda_device_count()
+    with pytest.raises(ValueError, match=rf"^x: a CUDA array on cuda:{n}, but this process sees "
+                                         rf"{n} CUDA device"):
+        lowbit.cast(Fake(X, device=(2, n)), "e4m3fn")
+
+
+@pytest.mark.skipif(not _core.cuda_built(), reason="needs a build with CUDA kernels")
 def test_mixed_devices_are_refused():
     with pytest.raises(ValueError, match=r"^history is on cuda:0 but x is on cpu; every array "):
         lowbit.quantize_delayed(X, Fake(np.zeros(4, np.float32), device=(2, 0)), "e4m3fn")
