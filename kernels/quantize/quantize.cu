@@ -29,13 +29,11 @@ constexpr int threads = 256;
 
 // ---- amax --------------------------------------------------------------------------------------
 
-// |x| max bits of a tensor: each block's maximum to amax[block] (partial), or an atomicMax into
-// amax[0] (zeroed first).
-
+// |x| max bits of a tensor: each block's maximum to amax[block] (nothing to zero first).
 template <class In>
 __global__ void __launch_bounds__(threads)
     amax_tensor_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                       std::int64_t rs, std::uint32_t* __restrict__ amax, bool partial) {
+                       std::int64_t rs, std::uint32_t* __restrict__ amax) {
   std::uint32_t m = 0;
   constexpr int V = 16 / sizeof(In);
   if (rs == cols) {  // contiguous: one flat grid-stride loop, 16-byte loads where aligned
@@ -69,12 +67,7 @@ __global__ void __launch_bounds__(threads)
         m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
   }
   m = block_max(m);
-  if (threadIdx.x == 0) {
-    if (partial)
-      amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
-    else if (m != 0)
-      atomicMax(amax, m);
-  }
+  if (threadIdx.x == 0) amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
 }
 
 // Per-column amax: a 32 x 8 block covers 32 columns and strides down the rows.
@@ -354,7 +347,7 @@ void quantize(const quant_problem& p, const exec& ex) {
           const int parts = static_cast<int>(grid.x * grid.y);
           scratch partial(sizeof(std::uint32_t) * parts + sizeof(float), stream);
           amax_tensor_kernel<<<grid, threads, 0, stream>>>(x, m, n, p.xm.row_stride,
-                                                          partial.as<std::uint32_t>(), true);
+                                                          partial.as<std::uint32_t>());
           check_launch("amax_tensor_kernel");
           float* q = reinterpret_cast<float*>(partial.as<std::uint32_t>() + parts);
           tensor_scale_kernel<<<1, threads, 0, stream>>>(partial.as<const std::uint32_t>(), parts,
@@ -369,18 +362,13 @@ void quantize(const quant_problem& p, const exec& ex) {
         const std::int64_t groups = cols ? n : 1;
         scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
         LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
-        if (m * n != 0) {
-          if (cols) {
-            const unsigned gx = static_cast<unsigned>((n + 31) / 32);
-            const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
-                std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>((m + 7) / 8, 65535)));
-            amax_columns_kernel<<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(
-                x, m, n, p.xm.row_stride, amax.as<std::uint32_t>());
-          } else {
-            amax_tensor_kernel<<<amax_grid(), threads, 0, stream>>>(x, m, n, p.xm.row_stride,
-                                                                    amax.as<std::uint32_t>(), false);
-          }
-          check_launch("amax kernel");
+        if (m * n != 0) {  // columns (an empty tensor only needs its scale)
+          const unsigned gx = static_cast<unsigned>((n + 31) / 32);
+          const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
+              std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>((m + 7) / 8, 65535)));
+          amax_columns_kernel<<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(
+              x, m, n, p.xm.row_stride, amax.as<std::uint32_t>());
+          check_launch("amax_columns_kernel");
         }
         scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
             amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
@@ -457,19 +445,6 @@ scale_layout layout_of(const grouping& g, std::int64_t n) {
   return {never, never, 1};
 }
 
-// The value of code u before scaling: inline for the compile-time targets, out of line for the
-// others.
-template <class FT>
-__device__ __forceinline__ float code_value(const target& t, FT, std::uint32_t u) {
-  if constexpr (detail::is_fixed_int<FT>)
-    return FT::get_int().is_signed ? static_cast<float>(static_cast<std::int8_t>(u))
-                                   : static_cast<float>(static_cast<std::uint8_t>(u));
-  else if constexpr (FT::fixed)
-    return emu::decode<float>(FT::get(), u);
-  else
-    return quant_ops::element_value(t, u);
-}
-
 template <bool MX, class FT, class Code, class Scale>
 __global__ void __launch_bounds__(threads)
     dequant_kernel(const Code* __restrict__ codes, std::int64_t crs, float* __restrict__ out,
@@ -490,7 +465,7 @@ __global__ void __launch_bounds__(threads)
         if constexpr (MX)
           return quant_ops::mx_value(t, u, s);
         else
-          return quant_ops::descaled(code_value(t, ft, u & mask), s);
+          return quant_ops::descaled(quant_ops::element_value(t, ft, u & mask), s);
       };
       if (vector && c0 + 8 <= cols && rem + 8 <= lay.tc) {
         // Eight codes of one group: one load, one scale, two 16-byte stores.

@@ -161,6 +161,20 @@ LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float element_value(const target& t, std::uin
   return emu::decode<float>(t.fmt, code);
 }
 
+// The same through a format tag (dispatch_target.hpp): inline where the target is a
+// compile-time constant, the out-of-line function above otherwise.
+template <class FormatTag>
+LOWBIT_HD LOWBIT_INLINE float element_value(const target& t, FormatTag, std::uint32_t code) {
+  if constexpr (detail::is_fixed_int<FormatTag>)
+    return FormatTag::get_int().is_signed
+               ? static_cast<float>(static_cast<std::int8_t>(static_cast<std::uint8_t>(code)))
+               : static_cast<float>(static_cast<std::uint8_t>(code));
+  else if constexpr (FormatTag::fixed)
+    return emu::decode<float>(FormatTag::get(), code);
+  else
+    return element_value(t, code);
+}
+
 // ---- OCP MX ------------------------------------------------------------------------------------
 
 // E8M0 code of the shared scale: floor(log2(amax)) - emax_elem, clamped to [-127, 127];
