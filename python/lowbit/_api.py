@@ -166,7 +166,8 @@ def decode(codes: Any, fmt: FormatLike, dtype: Any = "float32", *, threads: int 
         or uint32): numpy or a DLPack producer, as for :func:`cast`; lists of ints are converted
         to it. Bits above the format's width are ignored.
     dtype: "float32" (default) or "float64" (a name, numpy dtype or torch dtype); float64 is
-        required for formats whose values do not all fit float32 (``Format.fits_float``).
+        required for formats whose values do not all fit float32 (``Format.fits_float``). JAX
+        holds float64 results only with jax_enable_x64 (TypeError otherwise).
     threads: CPU threads, 0 for all cores.
 
     NaN codes decode to a quiet NaN with the code's sign (fnuz NaNs have none), Inf codes to Inf.

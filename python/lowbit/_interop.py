@@ -13,7 +13,12 @@ DLPack capsules) and writes into results that this module allocates in the calle
 - any other DLPack producer: results allocated by numpy (CPU) or by torch, else cupy (CUDA; on
   that library's current stream), then handed to the producer's array namespace
   (``type(x).__array_namespace__().from_dlpack``) when it has one, so that a JAX array in gives
-  a JAX array out; without a namespace the numpy/torch/cupy result is returned.
+  a JAX array out; without a namespace the numpy/torch/cupy result is returned. A namespace that
+  would change the results' dtype (JAX without jax_enable_x64 holds no float64) is a TypeError.
+
+Arguments updated in place (``quantize_delayed``'s history) are never JAX arrays: JAX arrays are
+immutable, and their legacy DLPack capsules carry no read-only flag that the compiled module could
+check, so they are refused with a ValueError here.
 
 torch and cupy are never imported by ``import lowbit``: an argument can only be a torch tensor
 when torch is already imported (``sys.modules``).
@@ -65,6 +70,11 @@ def is_torch(value: Any) -> bool:
 def is_cupy(value: Any) -> bool:
     cupy = _module("cupy")
     return cupy is not None and isinstance(value, cupy.ndarray)
+
+
+def is_jax(value: Any) -> bool:
+    array = getattr(_module("jax"), "Array", None)  # jax.Array arrived in JAX 0.4.1
+    return array is not None and isinstance(value, array)
 
 
 def is_torch_dtype(value: Any) -> bool:
@@ -270,8 +280,11 @@ class _Foreign(_Backend):
         self.device = inner.device
         namespace = getattr(like, "__array_namespace__", None)
         self.from_dlpack = None
+        self.library = type(like).__name__
         if namespace is not None:
-            self.from_dlpack = getattr(namespace(), "from_dlpack", None)
+            ns = namespace()
+            self.from_dlpack = getattr(ns, "from_dlpack", None)
+            self.library = getattr(ns, "__name__", self.library)
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
         return self.inner.context()
@@ -286,10 +299,34 @@ class _Foreign(_Backend):
         return self.inner.asarray(name, value, dtype)
 
     def result(self, value: Any) -> Any:
-        return value if self.from_dlpack is None else self.from_dlpack(value)
+        if self.from_dlpack is None:
+            return value
+        converted = self.from_dlpack(value)
+        # A namespace may turn a dtype it cannot hold into another one: JAX without
+        # jax_enable_x64 makes float64 results float32 (flushing subnormals on the way). Other
+        # values than the computed ones are never handed back.
+        want, got = _dtype_name(value.dtype), _dtype_name(getattr(converted, "dtype", None))
+        if want is not None and got is not None and got != want:
+            raise TypeError(f"dtype {want}: {self.library}.from_dlpack turned the {want} results "
+                            f"into {got}; ask for a dtype that {self.library} holds (JAX holds "
+                            "float64 only with jax_enable_x64)")
+        return converted
 
     def to_host(self, value: Any) -> Any:
         return self.inner.to_host(value)
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """numpy's name of a numpy, JAX or torch dtype; None for dtypes numpy cannot describe (they
+    are not compared)."""
+    if dtype is None:
+        return None
+    if is_torch_dtype(dtype):
+        return str(dtype).removeprefix("torch.")
+    try:
+        return np.dtype(dtype).name
+    except (TypeError, ValueError):
+        return None
 
 
 def _cuda_allocator(name: str, device: Device) -> _Backend:
@@ -365,6 +402,12 @@ class Call:
         self.stream = 0
 
     def _readable(self, name: str, value: Any, inplace: Sequence[str]) -> Any:
+        if name in inplace and is_jax(value):
+            # JAX exports legacy capsules, which carry no read-only flag, so the compiled module
+            # would write into the array; JAX assumes its arrays never change.
+            raise ValueError(f"{name}: JAX arrays are immutable, but this function updates "
+                             f"{name} in place; pass a writable numpy array (torch or cupy for "
+                             "CUDA) and convert it with jax.numpy.asarray afterwards")
         # cast and decode read any layout on the CPU; the CUDA kernels read matrices whose rows
         # may be strided but whose last dimension is contiguous. So that the same call works on
         # both, CUDA arguments named in `any_layout` with another layout are copied to C order

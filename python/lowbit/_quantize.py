@@ -340,8 +340,8 @@ def quantize_delayed(
 
     x: float32, float16 or bfloat16; numpy or a DLPack producer.
     history: float32, contiguous, 1..4096 entries, on x's device, newest first; updated in place
-        (so it must be a writable array, not a list). Start it with zeros (the first call then
-        uses q = d = 1) or with a known amax.
+        (so it must be a writable array: not a list, nor a JAX array, which is immutable). Start
+        it with zeros (the first call then uses q = d = 1) or with a known amax.
     target: as for :func:`quantize`.
     reduce: "max" or "most_recent".
     margin, pow2: as for :func:`quantize`.

@@ -43,6 +43,11 @@ def _typed_codes(a: Any, fmt: Optional[FormatLike], name: str,
     """Arrays of ml_dtypes' 8-bit and narrower types (float8_e4m3fn, float4_e2m1fn, ...) and of
     torch's float8 types hold one code of a lowbit format per byte: they become those codes, and
     the format they imply."""
+    if _interop.is_jax(a) and a.dtype.name.startswith(("float8_", "float6_", "float4_")):
+        # JAX's narrow float dtypes are ml_dtypes' (which DLPack exports under codes numpy and
+        # lowbit do not read); a host JAX array is a read-only numpy view without a copy. CUDA
+        # JAX arrays arrive here as host copies of torch or cupy already.
+        a = np.asarray(a)
     if isinstance(a, np.ndarray):
         # By name: ml_dtypes gives some of these types numpy kind "V", others "f".
         dtype_name = a.dtype.name if a.dtype.itemsize == 1 else ""
@@ -209,8 +214,8 @@ def verify(
         element (an array that broadcasts to the shape, or a scalar).
     format:
         The format of code arrays (uint8/uint16/uint32) and of the ulp grid. Arrays of
-        ml_dtypes' float8/float6/float4 types and torch's float8 types are codes of the format
-        their dtype names.
+        ml_dtypes' float8/float6/float4 types (numpy or JAX arrays) and torch's float8 types are
+        codes of the format their dtype names.
     inputs:
         The inputs the candidate was computed from (an array like ``candidate``); shown beside
         the worst elements.

@@ -24,16 +24,18 @@ settings.register_profile("lowbit-fixed", parent=settings.get_profile("lowbit"),
 settings.load_profile(os.environ.get("LOWBIT_HYPOTHESIS_PROFILE", "lowbit"))
 
 
-# ---- markers: torch and gpu ---------------------------------------------------------------------
+# ---- markers: torch, jax and gpu ----------------------------------------------------------------
 #
-# `torch` tests need PyTorch (CPU tensors are enough); `gpu` tests need PyTorch with CUDA, a device
-# and a lowbit build with CUDA kernels. Both are skipped, with the reason, where that is missing,
-# so the CPU-only CI runs them as skips and a GPU host runs them for real
-# (`pytest -m "torch or gpu"`).
+# `torch` tests need PyTorch (CPU tensors are enough); `jax` tests need JAX (CPU arrays; it is not
+# a CI dependency); `gpu` tests need PyTorch with CUDA, a device and a lowbit build with CUDA
+# kernels. All are skipped, with the reason, where that is missing, so the CPU-only CI runs them as
+# skips and a host with them runs them for real (`pytest -m "torch or jax or gpu"`).
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "torch: needs PyTorch; skipped where it is not installed")
+    config.addinivalue_line("markers", "jax: needs JAX (CPU is enough); skipped where it cannot "
+                                       "be imported")
     config.addinivalue_line(
         "markers",
         "gpu: needs PyTorch with CUDA, a CUDA device and a lowbit build with CUDA kernels; "
@@ -43,6 +45,16 @@ def pytest_configure(config):
 def _torch_missing():
     if importlib.util.find_spec("torch") is None:
         return "PyTorch is not installed"
+    return None
+
+
+def _jax_missing():
+    # Imported, not just found: a jax without a matching jaxlib is installed but unusable (an
+    # ImportError, or jax's RuntimeError for a jaxlib of another version).
+    try:
+        import jax  # noqa: F401
+    except Exception as e:
+        return f"JAX cannot be imported ({type(e).__name__}: {e})"
     return None
 
 
@@ -64,7 +76,7 @@ def _gpu_missing():
 
 
 def pytest_collection_modifyitems(config, items):
-    checks = {"torch": _torch_missing, "gpu": _gpu_missing}
+    checks = {"torch": _torch_missing, "jax": _jax_missing, "gpu": _gpu_missing}
     reasons = {}
     for item in items:
         for marker, check in checks.items():
