@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "../cast/cast_ops.hpp"
 #include "../common/cuda_map.cuh"
@@ -37,14 +38,15 @@ __global__ void buckets_kernel(const ops::tables* __restrict__ tb,
 // memory (their lookups are data dependent: shared memory serves them at far more lookups per
 // cycle than the L1 cache).
 constexpr int tables_bytes = (sizeof(ops::tables) + 15) / 16 * 16;
-constexpr int blob_bytes = tables_bytes + static_cast<int>(sizeof(std::uint32_t) * ops::bucket_count);
+constexpr int blob_bytes =
+    tables_bytes + (static_cast<int>(sizeof(std::uint32_t) * ops::bucket_count) + 15) / 16 * 16;
 
 class device_codebook {
 public:
   device_codebook(const ops::tables& tb, cudaStream_t stream) : mem_(blob_bytes, stream) {
     LOWBIT_CUDA_CHECK(
         cudaMemcpyAsync(mem_.as<ops::tables>(), &tb, sizeof(ops::tables), cudaMemcpyHostToDevice, stream));
-    buckets_kernel<<<ops::bucket_count / 256, 256, 0, stream>>>(
+    buckets_kernel<<<(ops::bucket_count + 255) / 256, 256, 0, stream>>>(
         mem_.as<ops::tables>(), reinterpret_cast<std::uint32_t*>(mem_.as<unsigned char>() + tables_bytes));
     check_launch("blockwise buckets_kernel");
   }
@@ -54,19 +56,29 @@ private:
   scratch mem_;
 };
 
+// How a kernel finds each element's code: the nearest entry through buckets whose table is
+// simple (ops::simple_buckets: one step at most per bucket, nothing below 2^-32 changes the
+// index), the nearest entry through any bucket table, or stochastic rounding. A template
+// argument, so that each kernel carries no per-element test of it.
+enum class search { simple, buckets, stochastic };
+
 // Block-wise quantization as a group rule (common/group_pass.cuh): the stored absmax, and each
-// element's code, exactly ops::encode with the division by the block's absmax through one
-// reciprocal per block (ops::block_divisor) and the bucket search in place of the binary search.
+// element's code, exactly ops::encode. The division by the block's absmax goes through one
+// reciprocal per block (ops::scaled_divisor for simple tables, with no branch per element;
+// ops::block_divisor otherwise), the nearest entry through the bucket table.
+template <search S>
 struct codebook_rule {
   using scale_type = float;
+  using divisor = std::conditional_t<S == search::simple, ops::scaled_divisor, ops::block_divisor>;
   static constexpr int shared_bytes = blob_bytes;
+  static constexpr int segment_elements = 32;
   struct group {
     std::uint32_t amax;
-    ops::block_divisor div;
+    divisor div;
+    bool poisoned;
   };
   const unsigned char* blob;  // device memory; the kernels read the copy in group_shared()
   std::uint32_t zero_code;
-  bool sr;
   std::uint32_t buckets_at = 0;  // shared-memory address of the bucket table (after to_shared)
   __device__ codebook_rule to_shared() const {
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
@@ -83,25 +95,36 @@ struct codebook_rule {
     return r;
   }
   __device__ group begin(std::uint32_t amax_bits) const {
-    // An all-zero block keeps x (ops::normalized): dividing by 1 does; so does a poisoned one,
-    // whose elements element() replaces.
-    const float a = amax_bits == 0 || ops::poisoned(amax_bits) ? 1.0f : __uint_as_float(amax_bits);
-    return {amax_bits, ops::block_divisor::make(a)};
+    // An all-zero block keeps x (ops::normalized): dividing by 1 does. A poisoned block (NaN or
+    // Inf inside) gets every element zero_code; its elements still run through the search with
+    // a divisor of 1 (their t, maybe NaN or above 1, only picks a bucket: bucket_of clamps),
+    // and element() then selects zero_code.
+    const bool poisoned = ops::poisoned(amax_bits);
+    const float a = amax_bits == 0 || poisoned ? 1.0f : __uint_as_float(amax_bits);
+    divisor div = divisor::make(a);
+    if constexpr (S != search::simple)
+      if (poisoned) div.small_bits = 1u;  // no nonzero |x| bits below 1: never the division
+    return {amax_bits, div, poisoned};
   }
   __device__ float stored(const group& g) const { return ops::stored_absmax(g.amax); }
   __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
     const auto* tb = reinterpret_cast<const ops::tables*>(group_pass::group_shared());
-    if (sr)
-      return ops::poisoned(g.amax) ? zero_code : ops::stochastic_index(tb->value, g.div(x), rbits);
-    // A poisoned block searches t = +0, whose nearest entry is zero_code by definition: a
-    // select rather than a branch per element.
-    const float t = ops::poisoned(g.amax) ? 0.0f : g.div(x);
-    // The bucket entry through its 32-bit shared address, computed once per thread.
-    std::uint32_t e;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(buckets_at + 4u * ops::bucket_of(t)));
-    return ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
+    if constexpr (S == search::stochastic) {
+      return g.poisoned ? zero_code : ops::stochastic_index(tb->value, g.div(x), rbits);
+    } else {
+      const float t = g.div(x);
+      // The bucket entry through its 32-bit shared address, computed once per thread.
+      std::uint32_t e;
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(buckets_at + 4u * ops::bucket_of(t)));
+      std::uint32_t idx;
+      if constexpr (S == search::simple)
+        idx = ops::nearest_in_step_bucket(e, t);
+      else
+        idx = ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
+      return g.poisoned ? zero_code : idx;
+    }
   }
-  __device__ bool stochastic() const { return sr; }
+  static constexpr bool stochastic() { return S == search::stochastic; }
 };
 
 template <class In>
@@ -112,8 +135,15 @@ void launch_quantize(const In* x, std::int64_t n, std::int64_t block, std::uint8
     return;
   const device_codebook cb(tb, stream);
   const matrix_shape flat{1, n, n};
-  launch_groups(x, flat, codes, flat, absmax, 1, block,
-                codebook_rule{cb.blob(), zero_code, stochastic}, rng, stream);
+  const auto run = [&](auto rule) {
+    launch_groups(x, flat, codes, flat, absmax, 1, block, rule, rng, stream);
+  };
+  if (stochastic)
+    run(codebook_rule<search::stochastic>{cb.blob(), zero_code});
+  else if (ops::simple_buckets(tb))
+    run(codebook_rule<search::simple>{cb.blob(), zero_code});
+  else
+    run(codebook_rule<search::buckets>{cb.blob(), zero_code});
 }
 
 // Dequantization in the element-wise map: out[i] = cb[codes[i]] * a[i / block], the codebook(s)

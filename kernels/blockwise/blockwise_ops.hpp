@@ -72,23 +72,45 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_index(const float* sum_hi, const f
 
 // ---- the nearest-entry search through buckets (CUDA kernels) -----------------------------------
 //
-// nearest_index is monotone in t, so every t whose float bits share a bucket (sign, exponent and
-// top 6 mantissa bits; |t| <= 1 keeps the exponent field below 128, hence 2^14 buckets) has its
-// nearest index between those of the bucket's two ends. Within a bucket t's bits differ only in
-// the low 17, and |t| grows with them; mirrored (low ^ 0x1FFFF) for negative t, the index grows
-// with them. A bucket whose two ends' indices differ by at most one (every bucket of the
-// built-in codebooks) holds the smaller index and the first mirrored low value at which the
-// index is one more (2^17: never): one table read and one integer comparison find the index.
-// A bucket that spans more midpoints (entries that crowd) holds both ends' indices, and a walk
-// over the midpoints between them, with the same exact comparison, ends where the binary search
-// does. Either way the index is nearest_index(t).
-inline constexpr std::uint32_t bucket_count = 1u << 14;
+// nearest_index is monotone in t, so every t in a bucket of float bit patterns has its nearest
+// index between those of the bucket's two ends. Buckets: per sign, |t|'s bits clamped to
+// [2^-32, 1] and cut after the top 6 mantissa bits: 32 binades of 64 buckets, the last (t = 1)
+// one bucket, 2049 per sign. In bucket j > 0 of a sign, |t| differs only in the low 17 bits and
+// grows with them; mirrored (low ^ 0x1FFFF) for negative t, the index grows with them. Bucket 0
+// holds every |t| below 2^-32 + 2^-38 (zeros included), whose low bits do not order it.
+// A bucket > 0 whose two ends' indices differ by at most one (every such bucket of the built-in
+// codebooks) holds the smaller index and the first mirrored low value at which the index is one
+// more (2^17: never): one table read and one integer comparison find the index. Bucket 0 when
+// its ends differ, and a bucket that spans more midpoints (entries that crowd), hold both ends'
+// indices, and a walk over the midpoints between them, with the same exact comparison, ends
+// where the binary search does. Either way the index is nearest_index(t). The table is 16 KiB.
+inline constexpr std::uint32_t bucket_floor = 0x2F800000u;          // 2^-32
+inline constexpr std::uint32_t bucket_ceiling = 0x3F800000u;        // 1
+inline constexpr std::uint32_t buckets_per_sign = ((bucket_ceiling - bucket_floor) >> 17) + 1;  // 2049
+inline constexpr std::uint32_t bucket_count = 2 * buckets_per_sign;
 inline constexpr std::uint32_t bucket_walk = 0x80000000u;  // entry flag: walk the midpoints
 inline constexpr std::uint32_t bucket_never = 1u << 17;     // threshold: no step in the bucket
 
+// t's bucket; any float bits (NaN, |t| > 1: the clamp keeps every bucket in the table).
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
   const auto b = bit_cast<std::uint32_t>(t);
-  return ((b >> 18) & 0x2000u) | ((b >> 17) & 0x1FFFu);
+  std::uint32_t m = b & 0x7FFFFFFFu;
+  m = m < bucket_floor ? bucket_floor : m;
+  m = m > bucket_ceiling ? bucket_ceiling : m;
+  return ((m - bucket_floor) >> 17) + (b >> 31) * buckets_per_sign;
+}
+
+// The smallest and largest |t| bits of bucket u, and its sign bit.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_sign(std::uint32_t u) {
+  return u >= buckets_per_sign ? 0x80000000u : 0u;
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_first(std::uint32_t u) {
+  const std::uint32_t j = u >= buckets_per_sign ? u - buckets_per_sign : u;
+  return j == 0 ? 0u : bucket_floor + (j << 17);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_last(std::uint32_t u) {
+  const std::uint32_t j = u >= buckets_per_sign ? u - buckets_per_sign : u;
+  return bucket_floor + (j << 17) + 0x1FFFFu;
 }
 
 // The low 17 bits of t, mirrored for negative t.
@@ -100,20 +122,20 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_low(std::uint32_t bits) {
 // flagged bucket_walk, the smaller end index in bits 0-7 and the larger in bits 8-15.
 LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* sum_lo,
                                             std::uint32_t u) {
-  const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);  // low bits 0
-  const auto index_at = [&](std::uint32_t low) {
-    return nearest_index(sum_hi, sum_lo, bit_cast<float>(first | low));
+  const std::uint32_t sign = bucket_sign(u), first = bucket_first(u);
+  const auto index_of = [&](std::uint32_t abs_bits) {
+    return nearest_index(sum_hi, sum_lo, bit_cast<float>(sign | abs_bits));
   };
-  const std::uint32_t i0 = index_at(0), i1 = index_at(0x1FFFFu);
+  const std::uint32_t i0 = index_of(first), i1 = index_of(bucket_last(u));
   if (i0 == i1)
     return (i0 << 23) | bucket_never;
   const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
-  if (hi - lo > 1)
+  if (hi - lo > 1 || first == 0)
     return bucket_walk | lo | (hi << 8);
-  std::uint32_t below = 0, at = 0x1FFFFu;  // index_at(below) == i0 != index_at(at)
+  std::uint32_t below = 0, at = 0x1FFFFu;  // index_of(first | below) == i0 != index_of(first | at)
   while (at - below > 1) {
     const std::uint32_t mid = below + (at - below) / 2;
-    (index_at(mid) == i0 ? below : at) = mid;
+    (index_of(first | mid) == i0 ? below : at) = mid;
   }
   // Raw low bits >= at step away from i0; mirrored, those below `at` reach the larger index.
   return (lo << 23) | (i0 < i1 ? at : bucket_never - at);
@@ -131,6 +153,40 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_bucket(std::uint32_t e, const f
   while (idx < hi && above(t2, sum_hi[idx], sum_lo[idx]))
     ++idx;
   return idx;
+}
+
+// The index from the entry of a bucket that is not flagged bucket_walk: branch-free, for the
+// kernels of codebooks whose table has no walks (simple_buckets).
+LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_step_bucket(std::uint32_t e, float t) {
+  return (e >> 23) + (bucket_low(bit_cast<std::uint32_t>(t)) >= (e & 0x3FFFFu) ? 1u : 0u);
+}
+
+// Whether the codebook's bucket table holds no walks and both buckets 0 one index (that of
+// zero), judged conservatively from the midpoints: each midpoint, known within one ulp of
+// sum_hi / 2 and widened here to two ulps on either side, marks the buckets it may fall in; no
+// bucket marked twice and no bucket 0 marked means every bucket steps at most once (the index
+// changes only across midpoints) and no |t| below the floor changes the index. A false answer
+// only selects the kernels that also handle walks and tiny t exactly. Host code.
+inline bool simple_buckets(const tables& tb) {
+  static_assert(bucket_count <= 8192);
+  unsigned char marked[8192] = {};
+  const auto next = [](float f, bool up) {
+    std::uint32_t b = bit_cast<std::uint32_t>(f);
+    if (f == 0.0f) return bit_cast<float>(up ? 1u : 0x80000001u);
+    b += ((b >> 31) != 0) == up ? 0xFFFFFFFFu : 1u;  // toward zero: down in magnitude
+    return bit_cast<float>(b);
+  };
+  for (int j = 0; j < 255; ++j) {
+    const float m = tb.sum_hi[j] * 0.5f;
+    const float lo = next(next(m, false), false), hi = next(next(m, true), true);
+    if (!(lo > 0.0f) && !(hi < 0.0f)) return false;  // within reach of zero: bucket 0
+    const std::uint32_t b0 = bucket_of(lo), b1 = bucket_of(hi);
+    for (std::uint32_t b = b0 < b1 ? b0 : b1, end = b0 < b1 ? b1 : b0; b <= end; ++b) {
+      if (b == 0 || b == buckets_per_sign || marked[b]) return false;
+      marked[b] = 1;
+    }
+  }
+  return true;
 }
 
 // nearest_index(t) for |t| <= 1 (not NaN), from the bucket table.
@@ -175,6 +231,35 @@ struct block_divisor {
 #else
     return std::fma(p, q, r);
 #endif
+  }
+};
+
+// t = x / a for the elements x of one block (|x| <= a, a > 0 finite), as the CUDA kernels of
+// codebooks with simple_buckets compute it, without a branch: x and a scaled by the same power of
+// two s so that a' = a s lies in [1, 2) (s = 2^-e for a = 1.m 2^e normal; for subnormal a,
+// s = 2^127 and a' in [2^-22, 1)), then block_divisor's reciprocal and two corrections. Where
+// |x s| >= 2^-79 the result is the correctly rounded x / a (block_divisor's argument: a' lies in
+// its range, and the scaling is exact for |x s| >= 2^-126). Below, the result is below 2^-57 in
+// magnitude, as x / a is: both fall in a bucket 0, whose index simple_buckets has shown to be
+// that of zero for either sign. `blockwise_codebook.scaled_divisor_buckets_equal_division`
+// checks this.
+struct scaled_divisor {
+  float s, a, y;
+  LOWBIT_HD LOWBIT_INLINE static scaled_divisor make(float a) {
+    const std::uint32_t field = bit_cast<std::uint32_t>(a) >> 23;  // a > 0
+    // s = 2^(127 - field): from 2^-127 (a subnormal float, exact) for the largest a to 2^126;
+    // 2^127 for subnormal a.
+    const float s = field == 0     ? bit_cast<float>(0x7F000000u)
+                    : field == 254 ? bit_cast<float>(0x00400000u)
+                                   : bit_cast<float>((254u - field) << 23);
+    const float as = a * s;
+    return {s, as, 1.0f / as};
+  }
+  LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
+    const float xs = x * s;
+    const float q0 = xs * y;
+    const float q1 = block_divisor::fma_rn(block_divisor::fma_rn(-a, q0, xs), y, q0);
+    return block_divisor::fma_rn(block_divisor::fma_rn(-a, q1, xs), y, q1);
   }
 };
 

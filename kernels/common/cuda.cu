@@ -19,19 +19,38 @@ bool cuda_available() { return cuda_device_count() > 0; }
 
 namespace cuda {
 
-int sm_count() {
-  static std::mutex mu;
-  static std::vector<int> counts;
+namespace {
+// An attribute of the current device, asked once per device.
+int cached_attribute(cudaDeviceAttr attr, std::vector<int>& cache, std::mutex& mu) {
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<int>(counts.size()) <= dev) counts.resize(static_cast<std::size_t>(dev) + 1, 0);
-  if (counts[static_cast<std::size_t>(dev)] == 0) {
+  if (static_cast<int>(cache.size()) <= dev) cache.resize(static_cast<std::size_t>(dev) + 1, 0);
+  if (cache[static_cast<std::size_t>(dev)] == 0) {
     int n = 0;
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    counts[static_cast<std::size_t>(dev)] = n;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
+    cache[static_cast<std::size_t>(dev)] = n;
   }
-  return counts[static_cast<std::size_t>(dev)];
+  return cache[static_cast<std::size_t>(dev)];
+}
+}  // namespace
+
+int sm_count() {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  return cached_attribute(cudaDevAttrMultiProcessorCount, cache, mu);
+}
+
+int max_shared_per_block() {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache, mu);
+}
+
+int max_shared_per_sm() {
+  static std::mutex mu;
+  static std::vector<int> cache;
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, cache, mu);
 }
 
 cudaMemPool_t scratch_pool() {

@@ -51,6 +51,10 @@ class scratch {
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();
+// Shared memory a block of the current device may opt in to, in bytes (cached per device).
+int max_shared_per_block();
+// Shared memory of one multiprocessor of the current device, in bytes (cached per device).
+int max_shared_per_sm();
 
 // Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the
 // device a few times over, never more than the work needs.

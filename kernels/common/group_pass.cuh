@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "../cast/cast_ops.hpp"
@@ -96,136 +97,271 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
-// Blocks per SM the segment kernel is compiled for: 4 (64 registers), or 3 (85) with 32
-// elements per thread; one fewer for rules whose shared tables leave room for no more.
-template <class Rule, int E>
-inline constexpr int segment_min_blocks = shared_bytes_of<Rule> > 56 * 1024 ? (E >= 32 ? 2 : 3)
-                                                                          : (E >= 32 ? 3 : 4);
+// Elements per thread of the segment kernel for a rule: 16, or what the rule asks for
+// (`static constexpr int segment_elements`): more elements per thread spread the per-segment work
+// (reduction, scale, staging) over more elements.
+template <class Rule>
+inline constexpr int segment_elements_of = [] {
+  if constexpr (requires { Rule::segment_elements; }) return Rule::segment_elements;
+  else return 16;
+}();
 
-// Row segments of up to 128 * E elements held in registers: a segment owns `seg_lanes` adjacent
-// lanes (a power of two, <= 128), and its elements are cut into chunks of four, chunk j of the
-// segment going to lane j % seg_lanes: each thread holds E / 4 chunks, and a warp's load of one
-// chunk per lane touches whole 32-byte sectors (16-byte vector accesses where the rows allow).
-// The segment's amax is reduced by shuffles within a warp and, for segments longer than a warp,
-// through shared memory; the elements are then encoded from registers, so x is read once.
-// Blocks are (bx x by) with bx a power of two >= seg_lanes, so segments never straddle blocks or
-// warps unevenly. Which lane holds which element does not change any result bit.
+// Blocks per SM the segment kernel is compiled for: 4 (64 registers) with 16 elements per
+// thread, 3 (80) for rules with shared tables, 2 (128) with 32 elements per thread.
+template <class Rule, int E>
+inline constexpr int segment_min_blocks = E >= 32 ? 2 : shared_bytes_of<Rule> > 0 ? 3 : 4;
+
+// Asynchronous copies from global to shared memory (cp.async, sm_80 and later; a plain copy
+// before): the staging of segment_kernel. Each thread reads back only what it copied itself,
+// after waiting for its own copy groups, so no barrier is involved.
+template <int Bytes>
+__device__ __forceinline__ void copy_async(void* smem, const void* gmem) {
+  static_assert(Bytes == 8 || Bytes == 16, "cp.async of 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  if constexpr (Bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  using word = vec<std::uint32_t, Bytes / 4>;
+  *static_cast<word*>(smem) = *static_cast<const word*>(gmem);
+#endif
+}
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most `pending` (0..3) of this thread's newest copy groups are unfinished.
+__device__ __forceinline__ void copy_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+  }
+#else
+  (void)pending;
+#endif
+}
+
+// Random bits of the four elements i .. i+3 (rng.bits of each), in registers: one Philox block
+// when i is a multiple of four, else the two blocks the four straddle.
+__device__ __forceinline__ void chunk_bits(const emu::random_stream& rng, std::uint64_t i,
+                                           std::uint32_t (&out)[4]) {
+  const emu::philox_block b0 = rng.block(i >> 2);
+  const unsigned s = static_cast<unsigned>(i & 3u);
+  if (s == 0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = b0.v[e];
+    return;
+  }
+  const emu::philox_block b1 = rng.block((i >> 2) + 1);
+  const std::uint32_t w[8] = {b0.v[0], b0.v[1], b0.v[2], b0.v[3],
+                              b1.v[0], b1.v[1], b1.v[2], b1.v[3]};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // w[s + e] by selects (a dynamic index would go to local memory)
+    std::uint32_t r = w[e + 1];
+#pragma unroll
+    for (int k = 2; k <= 3; ++k) r = s == static_cast<unsigned>(k) ? w[e + k] : r;
+    out[e] = r;
+  }
+}
+
+// Row segments of up to 256 * E elements: a segment owns `seg_lanes` adjacent lanes (a power of
+// two, <= 256, the block), and its elements are cut into chunks of four, chunk j of the segment
+// going to lane j % seg_lanes: each thread holds E / 4 chunks, and a warp's load of one chunk per
+// lane touches whole 32-byte sectors. The segment's amax is reduced by shuffles within a warp and,
+// for segments longer than a warp, through shared memory; the elements are then encoded from
+// registers, so x is read once. Blocks are (bx x by) with bx a power of two >= seg_lanes, so
+// segments never straddle blocks or warps unevenly. Which lane holds which element does not
+// change any result bit.
+//
+// A block walks its segments (lane blocks inner, row blocks outer). Where rows allow 16-byte
+// (float) or 8-byte (16-bit inputs) chunks, the chunks are staged through shared memory by
+// asynchronous copies `stages - 1` segments ahead of the one being encoded: memory then has that
+// many segments of every thread in flight while the SM computes, without holding them in
+// registers (with loads into registers, a thread's bytes in flight were bounded by its registers,
+// and DRAM idled through the arithmetic). Other rows load element by element, unstaged.
+template <int E, class In>
+inline constexpr int stage_bytes = threads * E * static_cast<int>(sizeof(In));
+template <class Rule>
+inline constexpr int staging_offset = (shared_bytes_of<Rule> + 15) / 16 * 16;
+
 template <int E, class Rule, class In, class Code>
 __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, typename Rule::scale_type* __restrict__ scales, std::int64_t rows,
-                   std::int64_t cols, std::int64_t k, int seg_lanes, std::int64_t lanes_per_row,
-                   bool vector, Rule rule_in, emu::random_stream rng) {
+                   std::int64_t cols, std::int64_t k, int seg_shift, std::int64_t lanes_per_row,
+                   bool vector, int stages, Rule rule_in, emu::random_stream rng) {
   static_assert(E % 4 == 0, "whole chunks of four");
   constexpr int J = E / 4;  // chunks per thread
+  using chunk = vec<In, 4>;
   const Rule rule = in_shared(rule_in);
   __shared__ __align__(16) std::uint32_t warp_max_smem[threads / 32];
+  const int seg_lanes = 1 << seg_shift;
   const std::int64_t nseg = (cols + k - 1) / k;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int chunk_lane = threadIdx.x & (seg_lanes - 1);
-  for (std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y; rb0 < rows;
-       rb0 += static_cast<std::int64_t>(gridDim.y) * blockDim.y) {
-    const std::int64_t r = rb0 + threadIdx.y;
-    for (std::int64_t lb0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x;
-         lb0 < lanes_per_row; lb0 += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      const std::int64_t seg = (lb0 + threadIdx.x) / seg_lanes;  // a power of two: a shift
-      const std::int64_t c0 = seg * k;                             // the segment's first column
-      const bool row_ok = r < rows && seg < nseg;
-      // Elements of the segment that exist: k, or fewer in a row's last, partial segment.
-      const int len = row_ok ? static_cast<int>(min(k, cols - c0)) : 0;
-      const In* xs = x + r * xrs + c0;
-      float v[E];
-      bool ok[E];
+  const std::int64_t row_step = static_cast<std::int64_t>(gridDim.y) * blockDim.y;
+  const std::int64_t lane_step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const std::int64_t lane_first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x;
+
+  // Where this thread's part of the segment at (row block rb0, lane block lb0) lies: its row r,
+  // segment seg, first column c0, and len, the elements of the segment that exist (k, fewer in a
+  // row's last, partial segment, 0 past the rows).
+  struct place {
+    std::int64_t r, seg, c0;
+    int len;
+  };
+  const auto place_of = [&](std::int64_t rb0, std::int64_t lb0) {
+    place p;
+    p.r = rb0 + threadIdx.y;
+    p.seg = (lb0 + threadIdx.x) >> seg_shift;
+    p.c0 = p.seg * k;
+    p.len = p.r < rows && p.seg < nseg ? static_cast<int>(min(k, cols - p.c0)) : 0;
+    return p;
+  };
+  const auto offset = [&](int j) { return (j * seg_lanes + chunk_lane) * 4; };  // of chunk j
+  const auto next = [&](std::int64_t& rb0, std::int64_t& lb0) {
+    lb0 += lane_step;
+    if (lb0 >= lanes_per_row) {
+      lb0 = lane_first;
+      rb0 += row_step;
+    }
+  };
+
+  // The segment's amax, its scale and codes from v[] (elements that do not exist are 0 there,
+  // which leaves the maximum of |x| bits alone). Every thread of the block calls it: the
+  // reduction may synchronize.
+  const auto encode = [&](const place& p, const float (&v)[E]) {
+    std::uint32_t m = 0;
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const int off = (j * seg_lanes + chunk_lane) * 4;  // in-segment offset of the chunk
-        if (vector) {  // k and cols multiples of 4, rows aligned to 4 elements
-          const bool full = off < len;
-          if (full) {
-            const vec<In, 4> w = *reinterpret_cast<const vec<In, 4>*>(xs + off);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) v[j * 4 + e] = cast_ops::load(w.v[e]);
-          }
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ok[j * 4 + e] = full;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            ok[j * 4 + e] = off + e < len;
-            v[j * 4 + e] = ok[j * 4 + e] ? cast_ops::load(xs[off + e]) : 0.0f;
-          }
-        }
-      }
-      std::uint32_t m = 0;
-#pragma unroll
-      for (int e = 0; e < E; ++e) m = ok[e] ? max(m, abs_bits(v[e])) : m;
-      if (seg_lanes < 32) {
-        for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      } else {
-        m = warp_max(m);
-        if (seg_lanes > 32) {  // block-uniform: the segment spans 2 or 4 warps of an aligned four
-          __syncthreads();
-          if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
-          __syncthreads();
-          const int warp = tid >> 5, nw = seg_lanes >> 5;
-          const uint4 w4 = *reinterpret_cast<const uint4*>(&warp_max_smem[warp & ~3]);
+    for (int e = 0; e < E; ++e) m = max(m, abs_bits(v[e]));
+    if (seg_lanes < 32) {
+      for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    } else {
+      m = warp_max(m);
+      if (seg_lanes > 32) {  // block-uniform: the segment spans 2, 4 or all 8 warps
+        __syncthreads();
+        if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
+        __syncthreads();
+        const int warp = tid >> 5, nw = seg_lanes >> 5;
+        const uint4 lo = *reinterpret_cast<const uint4*>(&warp_max_smem[0]);
+        const uint4 hi = *reinterpret_cast<const uint4*>(&warp_max_smem[4]);
+        if (nw == 8) {
+          m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
+        } else {  // an aligned two or four within the block's first or second four warps
+          const uint4 w4 = warp < 4 ? lo : hi;
           const int first = warp & ~(nw - 1) & 3;  // the segment's first warp within the four
           const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-          for (int k = 0; k < 4; ++k) m = k >= first && k < first + nw ? max(m, w[k]) : m;
-        }
-      }
-      if (!row_ok) continue;
-      const auto grp = rule.begin(m);
-      if (chunk_lane == 0) scales[r * nseg + seg] = rule.stored(grp);
-      const std::uint64_t base = static_cast<std::uint64_t>(r * cols + c0);
-      std::uint32_t rbits[E] = {};
-      if (rule.stochastic()) {
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          const std::uint64_t i = base + static_cast<std::uint64_t>((j * seg_lanes + chunk_lane) * 4);
-          if ((i & 3u) == 0) {
-            const emu::philox_block b = rng.block(i >> 2);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) rbits[j * 4 + e] = b.v[e];
-          } else {  // rows not a multiple of 4 long: element by element
-#pragma unroll 1
-            for (int e = 0; e < 4; ++e) rbits[j * 4 + e] = rng.bits(i + e);
-          }
-        }
-      }
-      Code* cs = codes + r * crs + c0;
-#pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const int off = (j * seg_lanes + chunk_lane) * 4;
-        vec<Code, 4> w;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w.v[e] = static_cast<Code>(rule.element(grp, v[j * 4 + e], rbits[j * 4 + e]));
-        if (vector) {
-          if (ok[j * 4]) *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (ok[j * 4 + e]) cs[off + e] = w.v[e];
+          for (int q = 0; q < 4; ++q) m = q >= first && q < first + nw ? max(m, w[q]) : m;
         }
       }
     }
+    if (p.len == 0) return;
+    const auto grp = rule.begin(m);
+    if (chunk_lane == 0) scales[p.r * nseg + p.seg] = rule.stored(grp);
+    const std::uint64_t base = static_cast<std::uint64_t>(p.r * cols + p.c0);
+    Code* cs = codes + p.r * crs + p.c0;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int off = offset(j);
+      std::uint32_t rbits[4] = {};
+      if (rule.stochastic()) chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
+      vec<Code, 4> w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w.v[e] = static_cast<Code>(rule.element(grp, v[j * 4 + e], rbits[e]));
+      if (vector) {
+        if (off < p.len) *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (off + e < p.len) cs[off + e] = w.v[e];
+      }
+    }
+  };
+
+  // lane_first < lanes_per_row (launch_segments sizes the grid so), so a block has work iff its
+  // first row block exists; the loop conditions are block-uniform.
+  std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y, lb0 = lane_first;
+  float v[E];
+  if (!vector) {  // k, cols or a row start not a multiple of 4, or x not aligned to a chunk
+    for (; rb0 < rows; next(rb0, lb0)) {
+      const place p = place_of(rb0, lb0);
+      const In* xs = x + p.r * xrs + p.c0;
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          v[j * 4 + e] = offset(j) + e < p.len ? cast_ops::load(xs[offset(j) + e]) : 0.0f;
+      encode(p, v);
+    }
+    return;
+  }
+  // Staging slot of chunk j of stage s for this thread: consecutive threads, consecutive chunks.
+  chunk* const staging =
+      reinterpret_cast<chunk*>(group_pass::group_shared() + staging_offset<Rule>) + tid;
+  const auto slot = [&](int s, int j) { return staging + (s * J + j) * threads; };
+  // Copies the chunks of the segment at (rb0, lb0) that exist into stage s, as one copy group
+  // (empty past the rows: every position commits one group, so the wait below counts evenly).
+  const auto stage_in = [&](std::int64_t srb0, std::int64_t slb0, int s) {
+    if (srb0 < rows) {
+      const place p = place_of(srb0, slb0);
+      const In* xs = x + p.r * xrs + p.c0;
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (offset(j) < p.len) copy_async<sizeof(chunk)>(slot(s, j), xs + offset(j));
+    }
+    copy_commit();
+  };
+  std::int64_t arb0 = rb0, alb0 = lb0;  // the next segment to stage
+  for (int s = 0; s < stages - 1; ++s, next(arb0, alb0)) stage_in(arb0, alb0, s);
+  int s_read = 0, s_write = stages - 1;
+  for (; rb0 < rows; next(rb0, lb0)) {
+    stage_in(arb0, alb0, s_write);
+    next(arb0, alb0);
+    copy_wait(stages - 1);  // this segment's group is done (stages - 1 newer ones may not be)
+    const place p = place_of(rb0, lb0);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      chunk w = {};
+      if (offset(j) < p.len) w = *slot(s_read, j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[j * 4 + e] = cast_ops::load(w.v[e]);
+    }
+    encode(p, v);
+    s_read = s_read + 1 == stages ? 0 : s_read + 1;
+    s_write = s_write + 1 == stages ? 0 : s_write + 1;
   }
 }
 
 // Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after opting
-// in to that much where it exceeds the default 48 KiB. Rules with tables in shared memory get
-// about this many blocks per SM (each walks many groups), so that the table copies stay few
-// and no partial second wave runs.
-template <class Kernel>
-int resident_blocks(Kernel kernel, int block_threads, int smem) {
-  if (smem > 48 * 1024)
+// in to that much where it exceeds the default 48 KiB; asked once per kernel and device. The
+// group-pass kernels launch about this many blocks per SM, each walking many groups, so that
+// table copies stay few and no partial second wave runs.
+template <auto kernel>
+int resident_blocks(int block_threads, int smem) {
+  constexpr int max_devices = 64;
+  static std::atomic<int> known[max_devices] = {};  // 0: not asked yet
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < max_devices && known[dev].load(std::memory_order_relaxed) > 0)
+    return known[dev].load(std::memory_order_relaxed);
+  // Opted in whatever the size: a kernel's static shared memory counts against the default
+  // 48 KiB too.
+  if (smem > 0)
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int n = 0;
   LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
-  return std::max(n, 1);
+  n = std::max(n, 1);
+  if (dev < max_devices) known[dev].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 inline int log2_ceil(std::int64_t v) {
@@ -238,53 +374,54 @@ template <int E, class Rule, class In, class Code>
 void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                      typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                      const emu::random_stream& rng, cudaStream_t stream) {
-  const int seg_lanes = 1 << log2_ceil((k + E - 1) / E);
-  if (seg_lanes > 128)  // launch_groups picks E so that it never is
-    throw error(errc::unsupported, "group pass: a segment of more than 128 lanes");
+  const int seg_shift = log2_ceil((k + E - 1) / E), seg_lanes = 1 << seg_shift;
+  if (seg_lanes > threads)  // launch_groups picks E so that it never is
+    throw error(errc::unsupported, "group pass: a segment of more lanes than a block has");
   const std::int64_t nseg = (xm.cols + k - 1) / k;
   const std::int64_t lanes_per_row = nseg * seg_lanes;
   const int bx = static_cast<int>(std::min<std::int64_t>(
       threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
   const int by = threads / bx;
-  const auto kernel = segment_kernel<E, Rule, In, Code>;
-  const std::int64_t gx = std::min<std::int64_t>(
-      (lanes_per_row + bx - 1) / bx,
-      shared_bytes_of<Rule> > 0
-          ? std::int64_t{sm_count()} * resident_blocks(kernel, threads, shared_bytes_of<Rule>)
-          : 65535);
-  const std::int64_t want = std::max<std::int64_t>(1, sm_count() * 8 / gx);
-  const std::int64_t gy =
-      std::min<std::int64_t>(std::min<std::int64_t>((xm.rows + by - 1) / by, want), 65535);
+  constexpr auto kernel = segment_kernel<E, Rule, In, Code>;
+  // Three stages (two segments in flight per thread) where two blocks still fit on a
+  // multiprocessor, else two; the same shared memory whether or not the rows allow staging, so
+  // that the occupancy asked once per kernel and device holds for every launch.
+  const int smem3 = staging_offset<Rule> + 3 * stage_bytes<E, In>;
+  const int stages = smem3 <= max_shared_per_block() && 2 * (smem3 + 1024) <= max_shared_per_sm() ? 3 : 2;
+  const int smem = staging_offset<Rule> + stages * stage_bytes<E, In>;
+  // As many blocks as fit on the device at once, each walking its share of the segments.
+  const std::int64_t resident = std::int64_t{sm_count()} * resident_blocks<kernel>(threads, smem);
+  const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, resident);
+  const std::int64_t gy = std::min<std::int64_t>(
+      {(xm.rows + by - 1) / by, std::max<std::int64_t>(1, resident / gx), 65535});
   const bool vector = k % 4 == 0 && xm.cols % 4 == 0 && xm.row_stride % 4 == 0 &&
                       cm.row_stride % 4 == 0 && aligned_to<In>(x, sizeof(In) * 4) &&
                       aligned_to<Code>(codes, sizeof(Code) * 4);
-  kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by),
-           shared_bytes_of<Rule>, stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols,
-                                k, seg_lanes, lanes_per_row, vector, rule, rng);
+  kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem,
+           stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols, k,
+                     seg_shift, lanes_per_row, vector, stages, rule, rng);
   check_launch("segment_kernel");
 }
 
-// Launches the right group-pass kernel for row segments or tiles: segments of up to 2048
-// elements with 16 per thread, up to 4096 with 32 (a segment then spans at most four warps, and
-// a thread's per-group work serves 16 or 32 elements), longer ones and 2-D tiles one block per
-// group.
+// Launches the right group-pass kernel for row segments or tiles: segments of up to 4096
+// elements with 16 per thread (a segment then spans at most the block's eight warps), longer
+// ones and 2-D tiles one block per group.
 template <class Rule, class In, class Code>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0) return;
-  if (gr == 1 && gc <= 2048)
-    return launch_segments<16>(x, xm, codes, cm, scales, gc, rule, rng, stream);
-  if (gr == 1 && gc <= 4096)
-    return launch_segments<32>(x, xm, codes, cm, scales, gc, rule, rng, stream);
+  constexpr int E = segment_elements_of<Rule>;
+  if (gr == 1 && gc <= E * threads)
+    return launch_segments<E>(x, xm, codes, cm, scales, gc, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);
   const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
   const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};
   const std::int64_t groups = ((xm.rows + gr - 1) / gr) * geo.scale_cols;
-  const auto kernel = group_block_kernel<Rule, In, Code>;
+  constexpr auto kernel = group_block_kernel<Rule, In, Code>;
   const std::int64_t cap =
       shared_bytes_of<Rule> > 0
-          ? std::int64_t{sm_count()} * resident_blocks(kernel, threads, shared_bytes_of<Rule>)
+          ? std::int64_t{sm_count()} * resident_blocks<kernel>(threads, shared_bytes_of<Rule>)
           : std::int64_t{1} << 30;
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(groups, cap));
   kernel<<<grid, threads, shared_bytes_of<Rule>, stream>>>(

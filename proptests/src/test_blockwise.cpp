@@ -285,20 +285,31 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
                       << ", binary search " << want;
     };
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
-      const std::uint32_t first = ((u & 0x2000u) << 18) | ((u & 0x1FFFu) << 17);
+      const std::uint32_t sign = ops::bucket_sign(u), first = ops::bucket_first(u) | sign;
+      const std::uint32_t last = ops::bucket_last(u) | sign;
       // The raw low bits where a one-step bucket's index changes, and their neighbours.
       const std::uint32_t e = buckets[u], thr = e & 0x3FFFFu;
       const std::uint32_t step =
           (e & ops::bucket_walk) != 0 || thr >= ops::bucket_never
               ? 0u
-              : ((u & 0x2000u) != 0 ? ops::bucket_never - thr : thr);
-      for (std::uint32_t b : {first, first + 1u, first | 0xFFFFu, first | 0x1FFFEu, first | 0x1FFFFu,
-                              first | (step - 1u), first | step, first | ((step + 1u) & 0x1FFFFu)}) {
+              : (sign != 0 ? ops::bucket_never - thr : thr);
+      const std::uint32_t top = first & ~0x1FFFFu;
+      for (std::uint32_t b : {first, first + 1u, last - 0x10000u, last - 1u, last, top | (step - 1u),
+                              top | step, top | ((step + 1u) & 0x1FFFFu)}) {
         float t;
         std::memcpy(&t, &b, 4);
         check(t);
       }
     }
+    // Below the buckets' floor (2^-32) every |t| shares bucket 0 of its sign: every binade there.
+    for (std::uint32_t ex = 0; ex <= (ops::bucket_floor >> 23); ++ex)
+      for (std::uint32_t sign : {0u, 0x80000000u})
+        for (std::uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu}) {
+          const std::uint32_t b = sign | (ex << 23) | m;
+          float t;
+          std::memcpy(&t, &b, 4);
+          check(t);
+        }
     for (int j = 0; j < 255; ++j) {
       const float mid = (tb.value[j] + tb.value[j + 1]) / 2.0f;
       for (float t : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f), tb.value[j]})
@@ -372,6 +383,99 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
   }
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(checked, 500000);
+}
+
+// The kernels of codebooks with simple bucket tables divide through ops::scaled_divisor: the
+// division's bits wherever its result lies in a bucket above bucket 0, else a result in a bucket
+// 0 too (either sign: both hold the index of zero there). Checked for absmax values in every
+// binade (subnormal ones included) against x from every binade below a, random x, signed zeros.
+TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  const auto from_bits = [](std::uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  const auto bits_of = [](float f) {
+    std::uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  };
+  const auto in_bucket0 = [](float t) {
+    const std::uint32_t b = ops::bucket_of(t);
+    return b == 0 || b == ops::buckets_per_sign;
+  };
+  std::mt19937_64 g(13);
+  int mismatches = 0;
+  std::int64_t exact = 0, tiny = 0;
+  for (std::uint32_t e = 0; e < 255; ++e)
+    for (std::uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu}) {
+      const std::uint32_t ab = e << 23 | m;
+      if (ab == 0) continue;
+      const float a = from_bits(ab);
+      const ops::scaled_divisor div = ops::scaled_divisor::make(a);
+      std::vector<std::uint32_t> xs = {0u, ab, ab - 1u, 1u};
+      for (std::uint32_t xe = 0; xe <= e; ++xe)
+        for (std::uint32_t xm : {0u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu})
+          xs.push_back(xe << 23 | xm);
+      for (int i = 0; i < 600; ++i)
+        xs.push_back(static_cast<std::uint32_t>(g() % (std::uint64_t{ab} + 1)));
+      for (std::uint32_t xb0 : xs)
+        for (std::uint32_t sign : {0u, 0x80000000u}) {
+          const std::uint32_t xb = (xb0 & 0x7FFFFFFFu) | sign;
+          if ((xb & 0x7FFFFFFFu) > ab) continue;
+          const float x = from_bits(xb);
+          const float want = x / a, got = div(x);
+          const bool ok = in_bucket0(want) ? in_bucket0(got) : bits_of(want) == bits_of(got);
+          (in_bucket0(want) ? tiny : exact) += 1;
+          if (!ok && ++mismatches <= 5)
+            ADD_FAILURE() << "a = " << describe_input(a) << ", x = " << describe_input(x)
+                          << ": scaled divisor " << describe_input(got) << ", division "
+                          << describe_input(want);
+        }
+    }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(exact, 500000);
+  EXPECT_GT(tiny, 10000);
+}
+
+// simple_buckets picks the branch-free kernels: where it says yes, the table must hold no walk
+// and both buckets 0 the index of zero. The signed dynamic map (the common case) must qualify
+// (the unsigned one crowds: 8 of its buckets span two midpoints); codebooks whose entries crowd,
+// or with an entry below 2^-32, must not.
+TEST(blockwise_codebook, simple_buckets_is_conservative) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  const std::vector<float> crowd = lowbit::proptest::test::crowded_codebook_values();
+  std::vector<float> tiny(256);  // entries down to 2^-40 around zero: bucket 0 changes index
+  for (int i = 0; i < 256; ++i)
+    tiny[static_cast<std::size_t>(i)] = (i - 128) / 128.0f;
+  tiny[129] = std::ldexp(1.0f, -40);
+  const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
+                                     codebook::linear(true), codebook::linear(false),
+                                     codebook::from_format(lowbit::emu::e4m3fn),
+                                     codebook::from_format(lowbit::emu::e2m1fn),
+                                     codebook::from_values(crowd.data(), 256),
+                                     codebook::from_values(tiny.data(), 256)};
+  for (std::size_t c = 0; c < cbs.size(); ++c) {
+    ops::tables tb;
+    ops::prepare(cbs[c].values().data(), tb);
+    const bool simple = ops::simple_buckets(tb);
+    bool really = true;
+    const std::uint32_t zero = ops::nearest_index(tb.sum_hi, tb.sum_lo, 0.0f);
+    for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
+      const std::uint32_t e = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
+      if ((e & ops::bucket_walk) != 0) really = false;
+      if ((u == 0 || u == ops::buckets_per_sign) && e != ((zero << 23) | ops::bucket_never))
+        really = false;
+    }
+    EXPECT_TRUE(!simple || really) << "codebook " << c << ": simple_buckets says yes, wrongly";
+    if (c == 0) {
+      EXPECT_TRUE(simple) << "the signed dynamic map";
+    }
+    if (c >= 6) {
+      EXPECT_FALSE(simple) << "codebook " << c;
+    }
+  }
 }
 
 TEST(blockwise_codebook, user_values_are_validated) {
