@@ -24,12 +24,13 @@ settings.register_profile("lowbit-fixed", parent=settings.get_profile("lowbit"),
 settings.load_profile(os.environ.get("LOWBIT_HYPOTHESIS_PROFILE", "lowbit"))
 
 
-# ---- markers: torch, jax and gpu ----------------------------------------------------------------
+# ---- markers: torch, jax, gpu and cupy -----------------------------------------------------------
 #
 # `torch` tests need PyTorch (CPU tensors are enough); `jax` tests need JAX (CPU arrays; it is not
 # a CI dependency); `gpu` tests need PyTorch with CUDA, a device and a lowbit build with CUDA
-# kernels. All are skipped, with the reason, where that is missing, so the CPU-only CI runs them as
-# skips and a host with them runs them for real (`pytest -m "torch or jax or gpu"`).
+# kernels; `cupy` tests need CuPy, a device it can use and a lowbit build with CUDA kernels (not
+# PyTorch). All are skipped, with the reason, where that is missing, so the CPU-only CI runs them
+# as skips and a host with them runs them for real (`pytest -m "torch or jax or gpu or cupy"`).
 
 
 def pytest_configure(config):
@@ -39,6 +40,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "gpu: needs PyTorch with CUDA, a CUDA device and a lowbit build with CUDA kernels; "
+        "skipped otherwise")
+    config.addinivalue_line(
+        "markers",
+        "cupy: needs CuPy, a CUDA device that CuPy can use and a lowbit build with CUDA kernels; "
         "skipped otherwise")
 
 
@@ -75,8 +80,31 @@ def _gpu_missing():
     return None
 
 
+def _cupy_missing():
+    # Imported, not just found: a cupy-cudaNNx wheel of another CUDA major, or without the
+    # libraries it loads, is installed but unusable.
+    try:
+        import cupy
+    except Exception as e:
+        return f"CuPy cannot be imported ({type(e).__name__}: {e})"
+    import lowbit._core
+
+    if not lowbit._core.cuda_built():
+        return "this lowbit build has no CUDA kernels (LOWBIT_ENABLE_CUDA=OFF)"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, or a driver older than the CuPy wheel's CUDA
+        return f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
+    if count < 1:
+        return "CuPy sees no CUDA device"
+    if not lowbit._core.cuda_available():
+        return "lowbit sees no CUDA device"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    checks = {"torch": _torch_missing, "jax": _jax_missing, "gpu": _gpu_missing}
+    checks = {"torch": _torch_missing, "jax": _jax_missing, "gpu": _gpu_missing,
+              "cupy": _cupy_missing}
     reasons = {}
     for item in items:
         for marker, check in checks.items():

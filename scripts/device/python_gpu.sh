@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: builds the Python module with the CUDA kernels (sm_90) and runs the
-# Python tests marked `torch` or `gpu` (PyTorch CPU and CUDA tensors through DLPack, the caller's
-# stream). `build` and `test` are separate steps so that the build can overlap other GPU work.
+# Python tests marked `torch`, `gpu` or `cupy` (PyTorch CPU and CUDA tensors and CuPy arrays
+# through DLPack, the caller's stream). `build` and `test` are separate steps so that the build can
+# overlap other GPU work. The `cupy` tests skip, with the reason, unless CuPy imports: source
+# scripts/device/cupy_setup.sh first (it puts the carried CuPy on PYTHONPATH, which `test` keeps).
 set -uo pipefail
 out=${OUT:-/tmp/out}
 b=${LOWBIT_PY_BUILD:-/tmp/lowbit-py}
@@ -13,7 +15,8 @@ case ${1:-all} in
         cmake --build "$b" --target lowbit_python_core -j "$(nproc)"; } > "$out/python_build.log" 2>&1
     echo "python build rc=$?" >> "$out/python_build.log" ;;&
   test | all)
-    PYTHONPATH="$b/python" timeout 300 python3 -m pytest python/tests -q -m "torch or gpu" \
+    PYTHONPATH="$b/python${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 -m pytest python/tests \
+      -q -m "torch or gpu or cupy" \
       -p no:cacheprovider -rs > "$out/python_gpu_tests.log" 2>&1
     echo "python gpu tests rc=$?" >> "$out/python_gpu_tests.log"
     tail -n 25 "$out/python_gpu_tests.log" ;;&
