@@ -325,6 +325,12 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
   }
 }
 
+float from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
 // The CUDA kernels divide by a block's absmax through one reciprocal per block
 // (ops::block_divisor); the CPU twin divides. Both must give the same bits for every |x| <= a:
 // checked for absmax values across the whole float range (subnormal, the ends of the fast
@@ -332,16 +338,6 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
 // each binade's ends, the fast path's lower limit and its neighbours, and signed zeros.
 TEST(blockwise_codebook, block_divisor_equals_division) {
   namespace ops = lowbit::kernels::blockwise_ops;
-  const auto from_bits = [](std::uint32_t b) {
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
-  const auto bits_of = [](float f) {
-    std::uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return b;
-  };
   std::mt19937_64 g(11);
   std::vector<float> as;
   for (std::uint32_t e = 0; e < 255; ++e)  // every binade: its power of two, its top, a random one
@@ -391,16 +387,6 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
 // binade (subnormal ones included) against x from every binade below a, random x, signed zeros.
 TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
   namespace ops = lowbit::kernels::blockwise_ops;
-  const auto from_bits = [](std::uint32_t b) {
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
-  const auto bits_of = [](float f) {
-    std::uint32_t b;
-    std::memcpy(&b, &f, 4);
-    return b;
-  };
   const auto in_bucket0 = [](float t) {
     const std::uint32_t b = ops::bucket_of(t);
     return b == 0 || b == ops::buckets_per_sign;
@@ -420,6 +406,15 @@ TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
           xs.push_back(xe << 23 | xm);
       for (int i = 0; i < 600; ++i)
         xs.push_back(static_cast<std::uint32_t>(g() % (std::uint64_t{ab} + 1)));
+      // x whose quotient lies next to a midpoint between two floats (where one correction is
+      // not enough): x = a (q + ulp(q) / 2) rounded, for q over several binades.
+      for (int i = 0; i < 300; ++i) {
+        const float q = std::ldexp(1.0f + static_cast<float>(g() % (1u << 23)) * 0x1p-23f,
+                                   -static_cast<int>(g() % 40) - 1);
+        const double mid = static_cast<double>(q) + std::ldexp(1.0, std::ilogb(q) - 24);
+        const float xf = static_cast<float>(static_cast<double>(a) * mid);
+        if (std::isfinite(xf)) xs.push_back(bits_of(xf));
+      }
       for (std::uint32_t xb0 : xs)
         for (std::uint32_t sign : {0u, 0x80000000u}) {
           const std::uint32_t xb = (xb0 & 0x7FFFFFFFu) | sign;

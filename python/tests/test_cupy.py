@@ -18,6 +18,7 @@ import pytest
 
 import lowbit
 from lowbit import Codebook, NestedAbsmax
+from producer_cases import failing_verify_cases
 
 try:
     import cupy
@@ -323,6 +324,22 @@ def test_the_kernels_are_handed_cupys_current_stream(launches):
     assert launches == [("cast", int(cupy.cuda.get_current_stream().ptr))]
 
 
+def late_copy(src):
+    """A new array on cupy's current stream that receives src only after a GPU-side spin: work
+    that reads it too early (not ordered after the copy on this stream) sees zeros."""
+    dst = cupy.zeros_like(src)
+    spin(100_000_000)
+    dst.data.copy_from_device_async(src.data, src.nbytes, stream=cupy.cuda.get_current_stream())
+    return dst
+
+
+def side_stream():
+    """A non-blocking stream, after the spin kernel has been compiled and the device is idle."""
+    spin(1000)
+    cupy.cuda.Device().synchronize()
+    return cupy.cuda.Stream(non_blocking=True)
+
+
 def test_work_is_ordered_on_the_callers_stream():
     # On a non-blocking side stream: a GPU-side spin, then the copy that fills x, then lowbit.
     # Only work ordered after the copy on that stream sees the filled x; work launched on any
@@ -336,22 +353,15 @@ def test_work_is_ordered_on_the_callers_stream():
     src = on_device(src_host)
     codes_host = lowbit.cast(src_host, "e5m2")
     codes_src = on_device(codes_host)
-    spin(1000)  # compile the kernel before the timed part
-    cupy.cuda.Device().synchronize()
-    side = cupy.cuda.Stream(non_blocking=True)
+    side = side_stream()
     with side:
-        x = cupy.zeros_like(src)
-        spin(100_000_000)
-        x.data.copy_from_device_async(src.data, src.nbytes, stream=side)
+        x = late_copy(src)
         codes = lowbit.cast(x, "e4m3fn", saturate=True)
         spin(100_000_000)
         q_codes, q_scales = lowbit.quantize(x, "int8_sym", "rows")
         mx_codes, mx_scales = lowbit.quantize_mx(x, "e4m3fn")
         bw_codes, bw_absmax = lowbit.quantize_blockwise(x, "dynamic", 256)
-        c = cupy.zeros_like(codes_src)
-        spin(100_000_000)
-        c.data.copy_from_device_async(codes_src.data, codes_src.nbytes, stream=side)
-        values = lowbit.decode(c, "e5m2")
+        values = lowbit.decode(late_copy(codes_src), "e5m2")
     side.synchronize()
     same(codes, want)
     same(q_codes, want_q[0])
@@ -366,14 +376,8 @@ def test_work_is_ordered_on_the_callers_stream():
 def test_verify_copies_on_the_callers_stream():
     ref = lowbit.cast(FINITE, "e4m3fn")
     src = on_device(ref)
-    spin(1000)
-    cupy.cuda.Device().synchronize()
-    side = cupy.cuda.Stream(non_blocking=True)
-    with side:
-        cand = cupy.zeros_like(src)
-        spin(100_000_000)
-        cand.data.copy_from_device_async(src.data, src.nbytes, stream=side)
-        report = lowbit.verify(cand, ref, "exact", format="e4m3fn")
+    with side_stream():
+        report = lowbit.verify(late_copy(src), ref, "exact", format="e4m3fn")
     assert report.ok, str(report)
 
 
@@ -386,19 +390,7 @@ def same_report(got, want) -> None:
 
 
 def test_verify_gives_the_numpy_report():
-    rounded = (FINITE / np.float32(3)).astype(np.float32)
-    rounded[1, 2] = np.nextafter(rounded[1, 2], np.float32(np.inf))  # one ulp off: a failure
-    exact = (FINITE.astype(np.float64) / 3).astype(np.float32)
-    codes = lowbit.cast(X, "e4m3fn")
-    codes_tz = lowbit.cast(X, "e4m3fn", rounding="toward_zero")
-    bf16 = FINITE.astype(ml_dtypes.bfloat16)
-    cases = [
-        (rounded, exact, "ulp:0", {"inputs": FINITE}),
-        (codes_tz, codes, "exact", {"format": "e4m3fn", "inputs": X}),
-        (FINITE / 2, FINITE / 2 + 1e-3, "atol:1e-4", {"inputs": codes, "input_format": "e4m3fn"}),
-        (X.astype(np.float16), (X * 1.001).astype(np.float16), "ulp:1", {}),
-        (bf16, FINITE, "rtol:2e-3", {"inputs": bf16}),
-    ]
+    cases = failing_verify_cases(X, FINITE)
     if no_bfloat16():
         cases.pop()
     for cand, ref, policy, kwargs in cases:

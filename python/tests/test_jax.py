@@ -16,6 +16,7 @@ import pytest
 
 import lowbit
 from lowbit import Codebook, NestedAbsmax
+from producer_cases import failing_verify_cases
 
 pytestmark = pytest.mark.jax
 
@@ -239,19 +240,7 @@ def same_report(got, want) -> None:
 
 
 def test_verify_gives_the_numpy_report(jnp):
-    rounded = (FINITE / np.float32(3)).astype(np.float32)
-    rounded[1, 2] = np.nextafter(rounded[1, 2], np.float32(np.inf))  # one ulp off: a failure
-    exact = (FINITE.astype(np.float64) / 3).astype(np.float32)
-    codes = lowbit.cast(X, "e4m3fn")
-    codes_tz = lowbit.cast(X, "e4m3fn", rounding="toward_zero")
-    bf16 = FINITE.astype(ml_dtypes.bfloat16)
-    cases = [
-        (rounded, exact, "ulp:0", {"inputs": FINITE}),
-        (codes_tz, codes, "exact", {"format": "e4m3fn", "inputs": X}),
-        (FINITE / 2, FINITE / 2 + 1e-3, "atol:1e-4", {"inputs": codes, "input_format": "e4m3fn"}),
-        (X.astype(np.float16), (X * 1.001).astype(np.float16), "ulp:1", {}),
-        (bf16, FINITE, "rtol:2e-3", {"inputs": bf16}),
-    ]
+    cases = failing_verify_cases(X, FINITE)
     for cand, ref, policy, kwargs in cases:
         want = lowbit.verify(cand, ref, policy, **kwargs)
         assert not want.ok and want.worst  # something to show
