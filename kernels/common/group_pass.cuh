@@ -384,11 +384,16 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
   const int by = threads / bx;
   constexpr auto kernel = segment_kernel<E, Rule, In, Code>;
   // Three stages (two segments in flight per thread) where two blocks still fit on a
-  // multiprocessor, else two; the same shared memory whether or not the rows allow staging, so
-  // that the occupancy asked once per kernel and device holds for every launch.
-  const int smem3 = staging_offset<Rule> + 3 * stage_bytes<E, In>;
-  const int stages = smem3 <= max_shared_per_block() && 2 * (smem3 + 1024) <= max_shared_per_sm() ? 3 : 2;
-  const int smem = staging_offset<Rule> + stages * stage_bytes<E, In>;
+  // multiprocessor, else two, else one (no overlap: GPUs with 64 KiB of shared memory and
+  // 32 elements per thread) where a block's shared memory allows no more; the same shared memory
+  // whether or not the rows allow staging, so that the occupancy asked once per kernel and
+  // device holds for every launch.
+  const auto smem_for = [](int s) { return staging_offset<Rule> + s * stage_bytes<E, In>; };
+  int stages = 3;
+  if (smem_for(3) > max_shared_per_block() || 2 * (smem_for(3) + 1024) > max_shared_per_sm())
+    stages = 2;
+  while (stages > 1 && smem_for(stages) > max_shared_per_block()) --stages;
+  const int smem = smem_for(stages);
   // As many blocks as fit on the device at once, each walking its share of the segments.
   const std::int64_t resident = std::int64_t{sm_count()} * resident_blocks<kernel>(threads, smem);
   const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, resident);
