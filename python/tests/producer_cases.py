@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import lowbit
 
@@ -26,3 +27,13 @@ def failing_verify_cases(x: np.ndarray, finite: np.ndarray) -> list:
         (x.astype(np.float16), (x * 1.001).astype(np.float16), "ulp:1", {}),
         (bf16, finite, "rtol:2e-3", {"inputs": bf16}),
     ]
+
+
+def expect_verify_shape_errors(x) -> None:
+    """lowbit.verify of a 2-D array x against x[:3], with a policy and with a bound function: a
+    ValueError naming both shapes."""
+    rows, cols = x.shape
+    message = rf"^candidate has shape \({rows}, {cols}\) but reference has shape \(3, {cols}\)"
+    for policy in ("exact", lambda r: 0 * r):
+        with pytest.raises(ValueError, match=message):
+            lowbit.verify(x, x[:3], policy)
