@@ -182,10 +182,11 @@ void quantize(const quant_problem& p, const exec& ex) {
   });
 }
 
-void dequantize(const dequant_problem& p, const exec& ex) {
+// The CPU dequantize loops: out[r][c] = value(r, c, code bits), rows in parallel, codes of the
+// type the codes view holds.
+template <class Value>
+void dequantize_each(const dequant_problem& p, const exec& ex, const Value& value) {
   const std::int64_t n = p.cm.cols;
-  const group_index gi = make_group_index(p.g, n);
-  const float* scales = p.scales.ptr<const float>();
   float* out = p.out.ptr<float>();
   const auto body = [&](auto code_tag) {
     using Code = decltype(code_tag);
@@ -195,11 +196,8 @@ void dequantize(const dequant_problem& p, const exec& ex) {
         [&](std::int64_t b, std::int64_t e) {
           for (std::int64_t r = b; r < e; ++r)
             for (std::int64_t c = 0; c < n; ++c)
-              out[r * p.om.row_stride + c] = quant_ops::descaled(
-                  quant_ops::element_value(
-                      p.t, static_cast<std::uint32_t>(codes[r * p.cm.row_stride + c]) &
-                               (p.t.is_int ? 0xFFu : 0xFFFFu)),
-                  scales[gi(r, c)]);
+              out[r * p.om.row_stride + c] =
+                  value(r, c, static_cast<std::uint32_t>(codes[r * p.cm.row_stride + c]));
         },
         std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
   };
@@ -208,6 +206,15 @@ void dequantize(const dequant_problem& p, const exec& ex) {
     case dtype::uint16: return body(std::uint16_t{});
     default: return body(std::uint8_t{});
   }
+}
+
+void dequantize(const dequant_problem& p, const exec& ex) {
+  const group_index gi = make_group_index(p.g, p.cm.cols);
+  const float* scales = p.scales.ptr<const float>();
+  const std::uint32_t mask = p.t.is_int ? 0xFFu : 0xFFFFu;
+  dequantize_each(p, ex, [&](std::int64_t r, std::int64_t c, std::uint32_t code) {
+    return quant_ops::descaled(quant_ops::element_value(p.t, code & mask), scales[gi(r, c)]);
+  });
 }
 
 void quantize_mx(const mx_problem& p, const exec& ex) {
@@ -251,25 +258,11 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
 }
 
 void dequantize_mx(const dequant_problem& p, const exec& ex) {
-  const std::int64_t n = p.cm.cols, k = p.block, nb = (n + k - 1) / k;
+  const std::int64_t k = p.block, nb = (p.cm.cols + k - 1) / k;
   const std::uint8_t* scales = p.scales.ptr<const std::uint8_t>();
-  float* out = p.out.ptr<float>();
-  const auto body = [&](auto code_tag) {
-    using Code = decltype(code_tag);
-    const Code* codes = p.codes.ptr<const Code>();
-    parallel_for(
-        p.cm.rows, ex.threads,
-        [&](std::int64_t b, std::int64_t e) {
-          for (std::int64_t r = b; r < e; ++r)
-            for (std::int64_t c = 0; c < n; ++c)
-              out[r * p.om.row_stride + c] = quant_ops::mx_value(
-                  p.t, static_cast<std::uint32_t>(codes[r * p.cm.row_stride + c]) & 0xFFu,
-                  scales[r * nb + c / k]);
-        },
-        std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
-  };
-  if (p.codes.type == dtype::int8) return body(std::int8_t{});
-  body(std::uint8_t{});
+  dequantize_each(p, ex, [&](std::int64_t r, std::int64_t c, std::uint32_t code) {
+    return quant_ops::mx_value(p.t, code & 0xFFu, scales[r * nb + c / k]);
+  });
 }
 
 }  // namespace lowbit::kernels::cpu
