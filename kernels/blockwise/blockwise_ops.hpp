@@ -170,15 +170,12 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_step_bucket(std::uint32_t e, fl
 inline bool simple_buckets(const tables& tb) {
   static_assert(bucket_count <= 8192);
   unsigned char marked[8192] = {};
-  const auto next = [](float f, bool up) {
-    std::uint32_t b = bit_cast<std::uint32_t>(f);
-    if (f == 0.0f) return bit_cast<float>(up ? 1u : 0x80000001u);
-    b += ((b >> 31) != 0) == up ? 0xFFFFFFFFu : 1u;  // toward zero: down in magnitude
-    return bit_cast<float>(b);
+  const auto two_ulps = [](float f, float toward) {
+    return std::nextafter(std::nextafter(f, toward), toward);
   };
   for (int j = 0; j < 255; ++j) {
     const float m = tb.sum_hi[j] * 0.5f;
-    const float lo = next(next(m, false), false), hi = next(next(m, true), true);
+    const float lo = two_ulps(m, -2.0f), hi = two_ulps(m, 2.0f);
     if (!(lo > 0.0f) && !(hi < 0.0f)) return false;  // within reach of zero: bucket 0
     const std::uint32_t b0 = bucket_of(lo), b1 = bucket_of(hi);
     for (std::uint32_t b = b0 < b1 ? b0 : b1, end = b0 < b1 ? b1 : b0; b <= end; ++b) {

@@ -20,38 +20,27 @@ bool cuda_available() { return cuda_device_count() > 0; }
 namespace cuda {
 
 namespace {
-// An attribute of the current device, asked once per device.
-int cached_attribute(cudaDeviceAttr attr, std::vector<int>& cache, std::mutex& mu) {
+// Attribute A of the current device, asked once per device.
+template <cudaDeviceAttr A>
+int cached_attribute() {
+  static std::mutex mu;
+  static std::vector<int> cache;
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
   if (static_cast<int>(cache.size()) <= dev) cache.resize(static_cast<std::size_t>(dev) + 1, 0);
   if (cache[static_cast<std::size_t>(dev)] == 0) {
     int n = 0;
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, A, dev));
     cache[static_cast<std::size_t>(dev)] = n;
   }
   return cache[static_cast<std::size_t>(dev)];
 }
 }  // namespace
 
-int sm_count() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  return cached_attribute(cudaDevAttrMultiProcessorCount, cache, mu);
-}
-
-int max_shared_per_block() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, cache, mu);
-}
-
-int max_shared_per_sm() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  return cached_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, cache, mu);
-}
+int sm_count() { return cached_attribute<cudaDevAttrMultiProcessorCount>(); }
+int max_shared_per_block() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
+int max_shared_per_sm() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(); }
 
 cudaMemPool_t scratch_pool() {
   static std::mutex mu;
