@@ -180,11 +180,14 @@ LOWBIT_HD LOWBIT_INLINE float element_value(const target& t, FormatTag, std::uin
 // E8M0 code of the shared scale: floor(log2(amax)) - emax_elem, clamped to [-127, 127];
 // 0xFF (NaN) for a NaN or Inf in the block; 2^-127 (code 0) for an all-zero block.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t mx_scale_code(std::uint32_t amax_bits, int emax) {
-  if (amax_bits >= 0x7F800000u) return 0xFFu;
-  if (amax_bits == 0) return 0u;
-  int s = floor_log2(amax_bits) - emax;
+  // Written as selects (no branch on the GPU): floor(log2(amax)) of a normal and of a subnormal
+  // amax side by side; 0 (amax 0, bit_width 0) lands below -127 and is clamped with the rest.
+  const int field = static_cast<int>(amax_bits >> 23);
+  const int e = field != 0 ? field - 127 : emu::detail::bit_width(amax_bits) - 150;
+  int s = e - emax;
   s = s < -127 ? -127 : (s > 127 ? 127 : s);
-  return static_cast<std::uint32_t>(s + 127);
+  const std::uint32_t code = amax_bits == 0 ? 0u : static_cast<std::uint32_t>(s + 127);
+  return amax_bits >= 0x7F800000u ? 0xFFu : code;
 }
 
 // Element code of x / 2^s: dividing by a power of two is the same as encoding x into the format
@@ -192,26 +195,31 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t mx_scale_code(std::uint32_t amax
 template <class FormatTag, class PolicyTag>
 LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, PolicyTag pt, float x,
                                                  std::uint32_t scale_code, std::uint32_t rbits) {
-  if (scale_code == 0xFFu) {
-    if (t.is_int) return 0u;
-    return emu::nan_code(t.fmt, false, pt.get());
-  }
-  const int s = static_cast<int>(scale_code) - 127;
-  if (t.is_int) {
-    // MXINT8: value = int8 * 2^-6, so the integer is x * 2^(6 - s), exact in double.
-    const double y = static_cast<double>(x) * emu::detail::pow2<double>(6 - s);
-    return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
-           0xFFu;
-  }
   if constexpr (FormatTag::fixed && PolicyTag::fixed && !detail::is_fixed_int<FormatTag>) {
     if constexpr (emu::detail::rne_short_path(FormatTag::get())) {
       // Nearest-even into a format whose subnormals stop at 2^-125: x * 2^-s in float is exact
       // unless it falls below 2^-126, where it rounds to zero either way. Two factors keep each
-      // power of two a normal float.
+      // power of two a normal float. No branch: a NaN scale (code 0xFF, s = 128) still gives
+      // normal factors, and its result is then replaced.
+      const int s = static_cast<int>(scale_code) - 127;
       const int s1 = s / 2, s2 = s - s1;
-      return emu::encode(ft.get(), (x * quant_ops::pow2f(-s1)) * quant_ops::pow2f(-s2), pt.get(),
-                         rbits);
+      const std::uint32_t c = emu::encode(
+          ft.get(), (x * quant_ops::pow2f(-s1)) * quant_ops::pow2f(-s2), pt.get(), rbits);
+      return scale_code == 0xFFu ? emu::nan_code(FormatTag::get(), false, pt.get()) : c;
     }
+  }
+  // The format tag settles whether the target is an integer where it is fixed.
+  const bool is_int = detail::is_fixed_int<FormatTag> || (!FormatTag::fixed && t.is_int);
+  if (scale_code == 0xFFu) {
+    if (is_int) return 0u;
+    return emu::nan_code(t.fmt, false, pt.get());
+  }
+  const int s = static_cast<int>(scale_code) - 127;
+  if (is_int) {
+    // MXINT8: value = int8 * 2^-6, so the integer is x * 2^(6 - s), exact in double.
+    const double y = static_cast<double>(x) * emu::detail::pow2<double>(6 - s);
+    return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
+           0xFFu;
   }
   emu::format f = ft.get();  // exact for every policy: x / 2^s is x in the format with bias - s
   f.bias -= s;
