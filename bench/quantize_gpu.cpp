@@ -103,28 +103,37 @@ void bm_cast_scaled(benchmark::State& state) {
   add_ratio(state, bytes);
 }
 
+// A (rows x cols) view whose rows lie `pad` elements apart beyond their length (padded rows:
+// the group pass then walks row segments instead of one flat run of groups).
+kernels::tensor_view padded_rows(void* p, dtype t, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t pad) {
+  auto v = dev_view(p, t, {rows, cols});
+  v.strides[0] = cols + pad;
+  return v;
+}
+
 // Quantization of an (rows x cols) float32 matrix: bytes = input + codes + scales, once each.
 void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g,
-                 std::int64_t cols, bool transpose, emu::policy p) {
+                 std::int64_t cols, bool transpose, emu::policy p, std::int64_t pad = 0) {
   auto& B = buf();
-  const std::int64_t rows = B.n / cols;
+  const std::int64_t rows = B.n / (cols + pad), n = rows * cols;
   const std::int64_t ns = g.scale_rows(rows) * g.scale_cols(cols);
-  const double bytes = 4.0 * B.n + 1.0 * B.n + 4.0 * ns;
-  const auto x = dev_view(B.x, dtype::float32, {rows, cols});
+  const double bytes = 4.0 * n + 1.0 * n + 4.0 * ns;
+  const auto x = padded_rows(B.x, dtype::float32, rows, cols, pad);
   const auto c = transpose ? dev_view(B.codes, t.code_dtype(), {cols, rows})
-                           : dev_view(B.codes, t.code_dtype(), {rows, cols});
+                           : padded_rows(B.codes, t.code_dtype(), rows, cols, pad);
   const auto s = dev_view(B.scales, dtype::float32, {ns});
   timed(state, bytes,
         [&] { kernels::quantize(x, c, s, t, g, p, {}, {2, 0}, transpose); });
   add_ratio(state, bytes);
 }
 
-void bm_mx(benchmark::State& state, kernels::target t) {
+void bm_mx(benchmark::State& state, kernels::target t, std::int64_t pad = 0) {
   auto& B = buf();
-  const std::int64_t cols = 4096, rows = B.n / cols, ns = rows * cols / 32;
-  const double bytes = 4.0 * B.n + 1.0 * B.n + ns;
-  const auto x = dev_view(B.x, dtype::float32, {rows, cols});
-  const auto c = dev_view(B.codes, t.code_dtype(), {rows, cols});
+  const std::int64_t cols = 4096, rows = B.n / (cols + pad), n = rows * cols, ns = n / 32;
+  const double bytes = 4.0 * n + 1.0 * n + ns;
+  const auto x = padded_rows(B.x, dtype::float32, rows, cols, pad);
+  const auto c = padded_rows(B.codes, t.code_dtype(), rows, cols, pad);
   const auto s = dev_view(B.scales, dtype::uint8, {ns});
   timed(state, bytes, [&] { kernels::quantize_mx(x, c, s, t, emu::rne_sat); });
   add_ratio(state, bytes);
@@ -167,6 +176,9 @@ void register_all() {
   reg("quantize_rows_int8_4096", [i8](benchmark::State& s) {
     bm_quantize(s, i8, kernels::grouping::per_row(), 4096, false, emu::rne);
   });
+  reg("quantize_rows_int8_4096_padded", [i8](benchmark::State& s) {
+    bm_quantize(s, i8, kernels::grouping::per_row(), 4096, false, emu::rne, 4);
+  });
   reg("quantize_rows_int8_1024", [i8](benchmark::State& s) {
     bm_quantize(s, i8, kernels::grouping::per_row(), 1024, false, emu::rne);
   });
@@ -183,6 +195,7 @@ void register_all() {
     bm_quantize(s, e4, kernels::grouping::tiles(128, 128), 4096, false, emu::rne_sat);
   });
   reg("quantize_mxfp8_e4m3fn", [e4](benchmark::State& s) { bm_mx(s, e4); });
+  reg("quantize_mxfp8_e4m3fn_padded", [e4](benchmark::State& s) { bm_mx(s, e4, 4); });
   reg("quantize_mxfp4_e2m1fn",
       [](benchmark::State& s) { bm_mx(s, kernels::target::of(emu::e2m1fn)); });
   reg("dequantize_rows_e4m3fn_4096",

@@ -1,8 +1,9 @@
 // CUDA kernels of block-wise codebook quantization and SRAM-quantiles. Per-element results come
 // from blockwise_ops.hpp (shared with the CPU twin); this file only organizes the work:
 //
-//   quantize   : the group pass of common/group_pass.cuh (blocks held in registers, 16-byte
-//                loads, amax by shuffles), each element's nearest entry found through a bucket
+//   quantize   : the group pass of common/group_pass.cuh (its flat kernel: 16 consecutive
+//                elements per thread staged through shared memory, amax by shuffles and
+//                across warps), each element's nearest entry found through a bucket
 //                table of the codebook (blockwise_ops.hpp) built on the device per call and
 //                copied into each thread block's shared memory. Nested: the same pass runs
 //                again over the float absmax values (blocks of 256).
@@ -71,7 +72,6 @@ struct codebook_rule {
   using scale_type = float;
   using divisor = std::conditional_t<S == search::simple, ops::scaled_divisor, ops::block_divisor>;
   static constexpr int shared_bytes = blob_bytes;
-  static constexpr int segment_elements = 32;
   struct group {
     std::uint32_t amax;
     divisor div;

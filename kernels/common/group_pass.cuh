@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "../cast/cast_ops.hpp"
+#include "async_copy.cuh"
 #include "cuda_map.cuh"
 #include "matrix.hpp"
 
@@ -97,6 +98,8 @@ __global__ void __launch_bounds__(threads)
   }
 }
 
+constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+
 // Elements per thread of the segment kernel for a rule: 16, or what the rule asks for
 // (`static constexpr int segment_elements`): more elements per thread spread the per-segment work
 // (reduction, scale, staging) over more elements.
@@ -106,46 +109,10 @@ inline constexpr int segment_elements_of = [] {
   else return 16;
 }();
 
-// Blocks per SM the segment kernel is compiled for: 4 (64 registers) with 16 elements per
-// thread, 3 (80) for rules with shared tables, 2 (128) with 32 elements per thread.
+// Blocks per SM the segment and flat kernels are compiled for: 4 (64 registers) with 16
+// elements per thread, 3 (80) for rules with shared tables, 2 (128) with 32 elements per thread.
 template <class Rule, int E>
 inline constexpr int segment_min_blocks = E >= 32 ? 2 : shared_bytes_of<Rule> > 0 ? 3 : 4;
-
-// Asynchronous copies from global to shared memory (cp.async, sm_80 and later; a plain copy
-// before): the staging of segment_kernel. Each thread reads back only what it copied itself,
-// after waiting for its own copy groups, so no barrier is involved.
-template <int Bytes>
-__device__ __forceinline__ void copy_async(void* smem, const void* gmem) {
-  static_assert(Bytes == 8 || Bytes == 16, "cp.async of 8 or 16 bytes");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  if constexpr (Bytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
-#else
-  using word = vec<std::uint32_t, Bytes / 4>;
-  *static_cast<word*>(smem) = *static_cast<const word*>(gmem);
-#endif
-}
-__device__ __forceinline__ void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most `pending` (0..3) of this thread's newest copy groups are unfinished.
-__device__ __forceinline__ void copy_wait(int pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-  }
-#else
-  (void)pending;
-#endif
-}
 
 // Random bits of the four elements i .. i+3 (rng.bits of each), in registers: one Philox block
 // when i is a multiple of four, else the two blocks the four straddle.
@@ -340,34 +307,197 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
   }
 }
 
-// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after opting
-// in to that much where it exceeds the default 48 KiB; asked once per kernel and device. The
-// group-pass kernels launch about this many blocks per SM, each walking many groups, so that
-// table copies stay few and no partial second wave runs.
-template <auto kernel>
-int resident_blocks(int block_threads, int smem) {
-  constexpr int max_devices = 64;
-  static std::atomic<int> known[max_devices] = {};  // 0: not asked yet
-  int dev = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < max_devices && known[dev].load(std::memory_order_relaxed) > 0)
-    return known[dev].load(std::memory_order_relaxed);
-  // Opted in whatever the size: a kernel's static shared memory counts against the default
-  // 48 KiB too.
-  if (smem > 0)
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int n = 0;
-  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
-  n = std::max(n, 1);
-  if (dev < max_devices) known[dev].store(n, std::memory_order_relaxed);
-  return n;
+// Flat groups: rows that are one contiguous array (a single row, or rows without padding whose
+// length is a multiple of k) cut into groups of k = 2^k_log2 consecutive elements, E <= k <= the
+// tile (the OCP MX blocks, the block-wise codebooks' blocks, rows of a power-of-two length). A
+// tile of threads * E elements gives each thread E consecutive elements, so a group is 2^gl
+// adjacent threads (gl = k_log2 - log2 E): its amax by shuffles, through shared memory beyond a
+// warp, and the per-group work (scale, stored value) once per thread. The tile is staged in
+// 16-byte pieces: piece c is copied by thread c % threads, so every warp-wide copy covers one
+// contiguous span, and lands at the swizzled slot c ^ ((c / 8) % 8) of its stage, so that the
+// threads then read their own E elements back without bank conflicts (each 8-thread phase of a
+// 16-byte shared load touches all 32 banks once). Full tiles are staged `stages - 1` tiles ahead
+// as in segment_kernel; the last, partial tile (if any) is loaded element by element.
+template <class Rule, class In, class Code>
+__global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elements_of<Rule>>)
+    flat_group_kernel(const In* __restrict__ x, Code* __restrict__ codes,
+                      typename Rule::scale_type* __restrict__ scales, std::int64_t n, int k_log2,
+                      int stages, Rule rule_in, emu::random_stream rng) {
+  constexpr int E = segment_elements_of<Rule>;
+  constexpr int per_piece = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte piece
+  constexpr int P = E / per_piece;                               // pieces per thread
+  static_assert(P >= 2 && P <= 8 && (P & (P - 1)) == 0, "2, 4 or 8 pieces per thread");
+  constexpr int per_store = 16 / static_cast<int>(sizeof(Code));  // codes per 16-byte store
+  static_assert(E % per_store == 0 && E % 4 == 0);
+  constexpr std::int64_t per_tile = std::int64_t{threads} * E;
+  using piece = vec<In, per_piece>;
+  const Rule rule = in_shared(rule_in);
+  __shared__ __align__(16) std::uint32_t part[threads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gl = k_log2 - log2_of(E);  // log2 of the threads per group
+  const std::int64_t full_tiles = n / per_tile;
+
+  // The thread's group maximum from its elements, the group's scale and the codes of its E
+  // elements from base + tid * E on; called by every thread of the block (the reduction may
+  // synchronize). `full`: the tile lies inside n.
+  const auto encode = [&](std::int64_t base, const float (&v)[E], bool full) {
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = max(m, abs_bits(v[e]));
+#pragma unroll
+    for (int l = 0; l < 5; ++l)
+      if (l < gl) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1 << l));
+    if (gl > 5) {  // block-uniform: the group spans 2, 4 or all 8 warps
+      __syncthreads();  // the previous tile's reads of part[] are done
+      if (lane == 0) part[warp] = m;
+      __syncthreads();
+      const int nw = 1 << (gl - 5), w0 = warp & ~(nw - 1);
+      const uint4 lo = *reinterpret_cast<const uint4*>(&part[0]);
+      const uint4 hi = *reinterpret_cast<const uint4*>(&part[4]);
+      const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) m = q >= w0 && q < w0 + nw ? max(m, w[q]) : m;
+    }
+    const auto grp = rule.begin(m);
+    const std::int64_t i0 = base + tid * E;
+    if ((tid & ((1 << gl) - 1)) == 0 && i0 < n) scales[i0 >> k_log2] = rule.stored(grp);
+#pragma unroll
+    for (int h = 0; h < E; h += per_store) {
+      vec<Code, per_store> w;
+#pragma unroll
+      for (int j = 0; j < per_store; j += 4) {
+        std::uint32_t rbits[4] = {};
+        if (rule.stochastic()) chunk_bits(rng, static_cast<std::uint64_t>(i0 + h + j), rbits);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w.v[j + e] = static_cast<Code>(rule.element(grp, v[h + j + e], rbits[e]));
+      }
+      if (full) {
+        *reinterpret_cast<vec<Code, per_store>*>(codes + i0 + h) = w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < per_store; ++e)
+          if (i0 + h + e < n) codes[i0 + h + e] = w.v[e];
+      }
+    }
+  };
+
+  piece* const stage0 = reinterpret_cast<piece*>(group_pass::group_shared() + staging_offset<Rule>);
+  const auto slot = [&](int s, int c) { return stage0 + s * (threads * P) + (c ^ ((c >> 3) & 7)); };
+  const auto stage_in = [&](std::int64_t tile, int s) {  // one copy group, empty past the tiles
+    if (tile < full_tiles) {
+      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile);
+#pragma unroll
+      for (int i = 0; i < P; ++i) copy_async<16>(slot(s, i * threads + tid), src + i * threads + tid);
+    }
+    copy_commit();
+  };
+  float v[E];
+  std::int64_t next_tile = blockIdx.x;
+  for (int s = 0; s < stages - 1; ++s, next_tile += gridDim.x) stage_in(next_tile, s);
+  int s_read = 0, s_write = stages - 1;
+  std::int64_t tile = blockIdx.x;
+  for (; tile < full_tiles; tile += gridDim.x) {
+    if (stages == 1) {  // no overlap: this tile's copies now, once every thread read the last
+      __syncthreads();
+      stage_in(tile, 0);
+    }
+    copy_wait(stages == 1 ? 0 : stages - 2);  // this tile's copy group is done
+    // Every thread's copies of this tile have landed, and every thread is done reading the stage
+    // refilled next (the one read in the previous iteration).
+    __syncthreads();
+    if (stages > 1) {
+      stage_in(next_tile, s_write);
+      next_tile += gridDim.x;
+    }
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const piece w = *slot(s_read, tid * P + j);
+#pragma unroll
+      for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = cast_ops::load(w.v[e]);
+    }
+    encode(tile * per_tile, v, true);
+    s_read = s_read + 1 == stages ? 0 : s_read + 1;
+    s_write = s_write + 1 == stages ? 0 : s_write + 1;
+  }
+  if (tile == full_tiles && full_tiles * per_tile < n) {  // the partial tile, by one block
+    const std::int64_t i0 = full_tiles * per_tile + tid * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = i0 + e < n ? cast_ops::load(x[i0 + e]) : 0.0f;
+    encode(full_tiles * per_tile, v, false);
+  }
 }
 
 inline int log2_ceil(std::int64_t v) {
   int l = 0;
   while ((std::int64_t{1} << l) < v) ++l;
   return l;
+}
+
+// Staging depth and resident blocks per SM of `kernel` with `offset` bytes of tables before
+// stages of `bytes` each, asked once per kernel and device: of three and two stages (two or one
+// tiles or segments in flight per thread beside the one being encoded), those that fit a block,
+// the one with more resident blocks, three on a tie (the block-wise kernels, whose tables take
+// shared memory, keep four blocks per SM on the H200 with two stages, three with three); one
+// stage (no overlap) only where neither fits (GPUs with 64 KiB of shared memory). The kernels
+// reserve the stages whether or not a launch stages, so that the occupancy holds for every
+// launch.
+struct staging {
+  int stages, blocks;
+};
+template <auto kernel>
+staging staging_for(int offset, int bytes) {
+  constexpr int max_devices = 64;
+  static std::atomic<int> known[max_devices] = {};  // stages * 4096 + blocks; 0: not asked yet
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < max_devices) {
+    const int k = known[dev].load(std::memory_order_relaxed);
+    if (k > 0) return {k / 4096, k % 4096};
+  }
+  staging best{1, 0};
+  bool opted = false;
+  for (int s = 3; s >= 1; --s) {
+    const int smem = offset + s * bytes;
+    if (smem > max_shared_per_block() || (s == 1 && best.blocks > 0)) continue;
+    if (!opted) {  // the largest that fits: every smaller size is allowed then too
+      LOWBIT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      opted = true;
+    }
+    int n = 0;
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    if (n > best.blocks) best = {s, n};
+  }
+  if (best.blocks == 0)
+    throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
+  if (dev < max_devices) known[dev].store(best.stages * 4096 + best.blocks, std::memory_order_relaxed);
+  return best;
+}
+
+// Launches flat_group_kernel when the problem is flat groups (see there) and the pointers allow
+// whole chunks; returns false, launching nothing, otherwise.
+template <class Rule, class In, class Code>
+bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
+                        typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
+                        const emu::random_stream& rng, cudaStream_t stream) {
+  constexpr int E = segment_elements_of<Rule>;
+  constexpr std::int64_t per_tile = std::int64_t{threads} * E;
+  const bool pow2 = k >= E && k <= per_tile && (k & (k - 1)) == 0;
+  const bool flat = xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols &&
+                                     xm.cols % k == 0);
+  if (!pow2 || !flat || !aligned_to<In>(x, 16) || !aligned_to<Code>(codes, 16)) return false;
+  const std::int64_t n = xm.rows * xm.cols;
+  constexpr int bytes = stage_bytes<E, In>;
+  constexpr auto kernel = flat_group_kernel<Rule, In, Code>;
+  const staging st = staging_for<kernel>(staging_offset<Rule>, bytes);
+  const int smem = staging_offset<Rule> + st.stages * bytes;
+  const std::int64_t tiles = (n + per_tile - 1) / per_tile;
+  const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
+  const unsigned grid = static_cast<unsigned>(std::min(tiles, resident));
+  kernel<<<grid, threads, smem, stream>>>(x, codes, scales, n, log2_ceil(k), st.stages, rule, rng);
+  check_launch("flat_group_kernel");
+  return true;
 }
 
 template <int E, class Rule, class In, class Code>
@@ -383,19 +513,10 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
       threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
   const int by = threads / bx;
   constexpr auto kernel = segment_kernel<E, Rule, In, Code>;
-  // Three stages (two segments in flight per thread) where two blocks still fit on a
-  // multiprocessor, else two, else one (no overlap: GPUs with 64 KiB of shared memory and
-  // 32 elements per thread) where a block's shared memory allows no more; the same shared memory
-  // whether or not the rows allow staging, so that the occupancy asked once per kernel and
-  // device holds for every launch.
-  const auto smem_for = [](int s) { return staging_offset<Rule> + s * stage_bytes<E, In>; };
-  int stages = 3;
-  if (smem_for(3) > max_shared_per_block() || 2 * (smem_for(3) + 1024) > max_shared_per_sm())
-    stages = 2;
-  while (stages > 1 && smem_for(stages) > max_shared_per_block()) --stages;
-  const int smem = smem_for(stages);
+  const staging st = staging_for<kernel>(staging_offset<Rule>, stage_bytes<E, In>);
+  const int stages = st.stages, smem = staging_offset<Rule> + stages * stage_bytes<E, In>;
   // As many blocks as fit on the device at once, each walking its share of the segments.
-  const std::int64_t resident = std::int64_t{sm_count()} * resident_blocks<kernel>(threads, smem);
+  const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
   const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, resident);
   const std::int64_t gy = std::min<std::int64_t>(
       {(xm.rows + by - 1) / by, std::max<std::int64_t>(1, resident / gx), 65535});
@@ -408,15 +529,18 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
   check_launch("segment_kernel");
 }
 
-// Launches the right group-pass kernel for row segments or tiles: segments of up to 4096
-// elements with 16 per thread (a segment then spans at most the block's eight warps), longer
-// ones and 2-D tiles one block per group.
+// Launches the right group-pass kernel for row segments or tiles: contiguous runs of groups of a
+// power-of-two length from 16 to 4096 (MX blocks, block-wise codebooks, unpadded rows) through the
+// flat kernel; other segments of up to 4096 elements with 16 per thread through the segment
+// kernel (a segment then spans at most the block's eight warps); longer ones and 2-D tiles one
+// block per group. Which kernel runs changes no result bit.
 template <class Rule, class In, class Code>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0) return;
   constexpr int E = segment_elements_of<Rule>;
+  if (gr == 1 && launch_flat_groups(x, xm, codes, cm, scales, gc, rule, rng, stream)) return;
   if (gr == 1 && gc <= E * threads)
     return launch_segments<E>(x, xm, codes, cm, scales, gc, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);

@@ -2,6 +2,7 @@
 // CPU twin. Needs about 16 GB of device memory; skips without a device or without the memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -31,7 +32,7 @@ TEST(gpu_large, more_than_2_pow_31_elements) {
   for (auto& v : x) v = d(g);
   for (std::int64_t c = 0; c < cols; ++c) x[static_cast<std::size_t>(n - cols + c)] = 1000.0f + c;  // last row differs
   gpu_test::device_buffer dx(static_cast<std::size_t>(n) * 4), dc(static_cast<std::size_t>(n)),
-      ds(static_cast<std::size_t>(rows) * 4);
+      ds(static_cast<std::size_t>(std::max(rows * 4, n / 32)));
   dx.upload(x.data(), x.size() * 4);
   const kernels::device gpu{kernels::device_type::cuda, 0};
   const auto xin = kernels::tensor_view::contiguous(dx.get(), dtype::float32, {rows, cols}, gpu);
@@ -61,6 +62,25 @@ TEST(gpu_large, more_than_2_pow_31_elements) {
                     kernels::grouping::per_row(), emu::rne);
   EXPECT_EQ(std::memcmp(cpu_codes.data(), gpu_codes.data(), cpu_codes.size()), 0) << "row-wise codes";
   EXPECT_EQ(std::memcmp(cpu_scales.data(), gpu_scales.data(), cpu_scales.size() * 4), 0) << "row-wise scales";
+
+  // MXFP8 over the tensor's first n2 elements as rows of 4096 (still more than 2^31: the flat
+  // group kernel's 64-bit indexing), stochastic so that the random-bit index passes 2^31 too
+  const std::int64_t r2 = n / 4096, n2 = r2 * 4096, nb = n2 / 32;
+  const auto mx = kernels::target::of(emu::e4m3fn);
+  std::vector<std::uint8_t> cpu_mx(static_cast<std::size_t>(nb)), gpu_mx(static_cast<std::size_t>(nb));
+  kernels::quantize_mx(kernels::tensor_view::contiguous(dx.get(), dtype::float32, {r2, 4096}, gpu),
+                       kernels::tensor_view::contiguous(dc.get(), dtype::uint8, {r2, 4096}, gpu),
+                       kernels::tensor_view::contiguous(ds.get(), dtype::uint8, {nb}, gpu), mx, sr,
+                       32, {5, 2});
+  dc.download(gpu_codes.data(), gpu_codes.size());
+  ds.download(gpu_mx.data(), gpu_mx.size());
+  kernels::quantize_mx(kernels::tensor_view::contiguous(x.data(), dtype::float32, {r2, 4096}),
+                       kernels::tensor_view::contiguous(cpu_codes.data(), dtype::uint8, {r2, 4096}),
+                       kernels::tensor_view::contiguous(cpu_mx.data(), dtype::uint8, {nb}), mx, sr,
+                       32, {5, 2});
+  EXPECT_EQ(std::memcmp(cpu_codes.data(), gpu_codes.data(), static_cast<std::size_t>(n2)), 0)
+      << "MX codes";
+  EXPECT_EQ(std::memcmp(cpu_mx.data(), gpu_mx.data(), cpu_mx.size()), 0) << "MX scales";
 }
 
 }  // namespace
