@@ -1,10 +1,12 @@
 // CUDA kernels of SRAM-quantiles. Per-element results come from blockwise_ops.hpp (shared with
 // the CPU twin); this file only organizes the work:
 //
-//   one thread block per chunk of 4096 values: an LSD radix sort of the total-order keys in
-//   shared memory (256 threads x 16 keys, digits of up to 8 bits ranked by
-//   cub::BlockRadixRankMatchEarlyCounts: 4 passes for float32, 3 for float16, 2 for bfloat16),
-//   the chunk's k quantiles read from the sorted keys to a scratch table; then the two-level
+//   one thread block per chunk of 4096 values (the block's next chunk copied into shared memory
+//   while this one sorts): an LSD radix sort of the total-order keys in shared memory (256
+//   threads x 16 keys, digits of up to 8 bits ranked by cub::BlockRadixRankMatchEarlyCounts:
+//   float32 keys sorted on their high 24 bits in 3 passes, each quantile then selected within
+//   its run of keys tied on those bits; 3 passes for float16, 2 for bfloat16), the chunk's k
+//   quantiles written to a scratch table; then the two-level
 //   sum of blockwise.hpp (one thread per group of quantile_group chunks and quantile, then one
 //   thread per quantile), in double.
 #include <cuda_runtime.h>
@@ -14,9 +16,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../cast/cast_ops.hpp"
+#include "../common/async_copy.cuh"
 #include "../common/cuda.hpp"
 #include "blockwise_internal.hpp"
 #include "blockwise_ops.hpp"
@@ -107,19 +111,84 @@ __device__ __forceinline__ void radix_pass(std::uint32_t (&keys)[sort_items], ra
   }
 }
 
+// The passes of radix_plan<Skip> from `first` on (a block-uniform count of low passes skipped).
 template <int Skip, int... P>
 __device__ __forceinline__ void radix_sort(std::uint32_t (&keys)[sort_items], rank_storage& storage,
-                                           std::uint32_t* sorted,
+                                           std::uint32_t* sorted, int first,
                                            std::integer_sequence<int, P...>) {
   using plan = radix_plan<Skip>;
-  (radix_pass<plan::start(P), plan::bits(P), P + 1 == plan::passes>(keys, storage, sorted), ...);
+  ((P >= first ? radix_pass<plan::start(P), plan::bits(P), P + 1 == plan::passes>(keys, storage,
+                                                                                   sorted)
+               : void()),
+   ...);
+}
+
+// float32 keys are sorted on their high 24 bits only (three passes instead of four): a chunk's
+// quantile at position pos is then the (pos - lo)-th smallest key, by all 32 bits, of the run
+// [lo, hi) of keys equal on the high 24 bits around pos, the keys the full sort would place at
+// lo..hi-1. Most runs are one key long, or one key repeated (a bit mask marks where neighbours
+// tie on the high bits but differ); a mixed run of up to coarse_run_limit keys is resolved by
+// counting, and a chunk with a longer mixed run (values crowded into a 2^-15 relative range) is
+// sorted again in full. 16-bit inputs have few low bits to drop; they sort in full.
+template <class In>
+constexpr int coarse_passes = std::is_same_v<In, float> ? 1 : 0;  // low passes left out
+constexpr int coarse_run_limit = 64;
+
+// The first index in [a, b) whose key, shifted right by `shift`, is not below c (`strict`: above
+// c): sorted[] is ordered on the shifted keys.
+__device__ __forceinline__ int run_bound(const std::uint32_t* sorted, int a, int b, int shift,
+                                         std::uint32_t c, bool strict) {
+  while (a < b) {
+    const int mid = (a + b) / 2;
+    const std::uint32_t v = sorted[mid] >> shift;
+    if (v < c || (strict && v == c)) a = mid + 1;
+    else b = mid;
+  }
+  return a;
+}
+
+// The key the full sort would place at `pos` of a coarsely sorted chunk (see coarse_passes), or
+// `unresolved` set where its run is mixed and longer than coarse_run_limit.
+__device__ __forceinline__ std::uint32_t coarse_select(const std::uint32_t* sorted,
+                                                       const std::uint32_t* mixed, int pos,
+                                                       int shift, bool& unresolved) {
+  const std::uint32_t key = sorted[pos], c = key >> shift;
+  constexpr int scan = 4;  // run ends looked for next to pos before a binary search
+  int lo = pos, hi = pos + 1;
+  while (lo > 0 && pos - lo < scan && (sorted[lo - 1] >> shift) == c) --lo;
+  if (lo > 0 && (sorted[lo - 1] >> shift) == c) lo = run_bound(sorted, 0, lo, shift, c, false);
+  while (hi < quantile_chunk && hi - pos <= scan && (sorted[hi] >> shift) == c) ++hi;
+  if (hi < quantile_chunk && (sorted[hi] >> shift) == c)
+    hi = run_bound(sorted, hi, quantile_chunk, shift, c, true);
+  bool pure = true;  // no neighbours in (lo, hi) differ: every key of the run is `key`
+  for (int p = lo + 1; p < hi && pure; p = (p | 31) + 1) {
+    const int span = min(hi - p, 32 - (p & 31));
+    const std::uint32_t bits = mixed[p >> 5] >> (p & 31);
+    pure = (span == 32 ? bits : bits & ((1u << span) - 1u)) == 0;
+  }
+  if (pure) return key;
+  if (hi - lo > coarse_run_limit) {
+    unresolved = true;
+    return key;
+  }
+  const int r = pos - lo;
+  for (int a = lo; a < hi; ++a) {
+    const std::uint32_t e = sorted[a];
+    int below = 0, upto = 0;
+    for (int b = lo; b < hi; ++b) {
+      below += sorted[b] < e;
+      upto += sorted[b] <= e;
+    }
+    if (below <= r && r < upto) return e;
+  }
+  return key;  // not reached: some key of the run has rank r
 }
 
 // One chunk per block at a time (grid-stride). The sort's output is the chunk's keys in order
 // whatever arrangement they enter in (the first pass needs no particular order), so the loads
 // are striped (each warp reads consecutive elements) rather than blocked.
 template <class In>
-__global__ void __launch_bounds__(sort_threads)
+__global__ void __launch_bounds__(sort_threads, 4)
     chunk_quantiles_kernel(const In* __restrict__ x, std::int64_t n, std::int64_t chunks,
                            std::int64_t k, float* __restrict__ part) {
   __shared__ rank_storage storage;
@@ -128,25 +197,87 @@ __global__ void __launch_bounds__(sort_threads)
   // Padding: no smaller than any key of the type, and equal in full to any key that ties with it
   // on the sorted bits, so the m real keys fill positions 0..m-1 (the only ones read).
   constexpr std::uint32_t padding = 0xFFFFFFFFu << skip;
+  using plan = radix_plan<skip>;
+  constexpr int coarse = plan::start(coarse_passes<In>);  // the bits a coarse sort orders on
+  __shared__ std::uint32_t mixed[quantile_chunk / 32];  // bit p: sorted[p] ties sorted[p - 1]
+                                                        // on those bits, and differs
+  // The block's next full chunk, copied while this one sorts (16-byte pieces; each thread reads
+  // back only the pieces it copied, so no barrier is needed). Chunks hold their keys in any
+  // arrangement: the sort's result does not depend on it.
+  constexpr int per_piece = 16 / static_cast<int>(sizeof(In));
+  constexpr int pieces = sort_items / per_piece;  // per thread
+  __shared__ __align__(16) vec<In, per_piece> ahead[sort_threads * pieces];
+  const bool aligned = reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+  const auto prefetched = [&](std::int64_t c) {
+    return aligned && c < chunks && (c + 1) * quantile_chunk <= n;
+  };
+  const auto prefetch = [&](std::int64_t c) {
+    if (prefetched(c)) {
+      const auto* src = reinterpret_cast<const vec<In, per_piece>*>(x + c * quantile_chunk);
+#pragma unroll
+      for (int p = 0; p < pieces; ++p)
+        copy_async<16>(&ahead[p * sort_threads + threadIdx.x], src + p * sort_threads + threadIdx.x);
+    }
+    copy_commit();
+  };
+  prefetch(blockIdx.x);
   for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const std::int64_t i0 = c * quantile_chunk;
     const std::int64_t m = min(n - i0, quantile_chunk);
-    std::uint32_t keys[sort_items];
+    // A coarse sort first where the type has one; the full sort after a mixed run too long to
+    // resolve (one sort in the code, so that its registers serve both).
+    for (int first = coarse_passes<In>;; first = 0) {
+      std::uint32_t keys[sort_items];
+      if (first == coarse_passes<In> && prefetched(c)) {  // this chunk's copy, then the next's
+        copy_wait(0);
 #pragma unroll
-    for (int j = 0; j < sort_items; ++j) {
-      const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
-      keys[j] =
-          pos < m
-              ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(x[i0 + pos])))
-              : padding;
+        for (int p = 0; p < pieces; ++p) {
+          const vec<In, per_piece> w = ahead[p * sort_threads + threadIdx.x];
+#pragma unroll
+          for (int e = 0; e < per_piece; ++e)
+            keys[p * per_piece + e] =
+                ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(w.v[e])));
+        }
+        prefetch(c + gridDim.x);
+      } else {
+        if (first == coarse_passes<In>) prefetch(c + gridDim.x);
+#pragma unroll
+        for (int j = 0; j < sort_items; ++j) {
+          const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
+          keys[j] = pos < m ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(
+                                  cast_ops::load(x[i0 + pos])))
+                            : padding;
+        }
+      }
+      // No barrier: the first RankKeys synchronizes the block before any scatter to `sorted`,
+      // hence after every read of it for the previous chunk (or sort).
+      radix_sort<skip>(keys, storage, sorted, first,
+                       std::make_integer_sequence<int, plan::passes>{});
+      if (first == 0) {
+        for (std::int64_t q = threadIdx.x; q < k; q += sort_threads)
+          part[c * k + q] = emu::detail::bit_cast<float>(
+              ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
+        break;
+      }
+      const unsigned lane = threadIdx.x % 32;
+#pragma unroll
+      for (int j = 0; j < sort_items; ++j) {  // consecutive positions per warp: a word per ballot
+        const int p = j * sort_threads + static_cast<int>(threadIdx.x);
+        const bool mix = p > 0 && (sorted[p] >> coarse) == (sorted[p - 1] >> coarse) &&
+                         sorted[p] != sorted[p - 1];
+        const std::uint32_t word = __ballot_sync(0xFFFFFFFFu, mix);
+        if (lane == 0) mixed[p >> 5] = word;
+      }
+      __syncthreads();
+      bool unresolved = false;
+      for (std::int64_t q = threadIdx.x; q < k; q += sort_threads) {
+        const int pos = static_cast<int>(ops::quantile_position(q, k, m));
+        part[c * k + q] = emu::detail::bit_cast<float>(
+            ops::key_bits(coarse_select(sorted, mixed, pos, coarse, unresolved)));
+      }
+      // Block-uniform; every read of sorted[] and mixed[] is done past this barrier.
+      if (!__syncthreads_or(unresolved)) break;
     }
-    // No barrier: the first RankKeys synchronizes the block before any scatter to `sorted`,
-    // hence after every read of it for the previous chunk.
-    radix_sort<skip>(keys, storage, sorted,
-                     std::make_integer_sequence<int, radix_plan<skip>::passes>{});
-    for (std::int64_t q = threadIdx.x; q < k; q += sort_threads)
-      part[c * k + q] =
-          emu::detail::bit_cast<float>(ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
   }
 }
 

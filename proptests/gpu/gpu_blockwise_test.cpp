@@ -124,6 +124,40 @@ TEST(gpu_vs_cpu, sram_quantiles) {
   }));
 }
 
+// float32 values that tie on their high 24 bits, which the GPU's chunk sort orders first
+// (quantiles.cu, coarse_bits): exact repeats of a few values (runs of one key), values a
+// relative 2^-20 apart around a few hundred centres (short mixed runs, resolved by counting),
+// and values crowded into [1, 1 + 2^-16) (a mixed run of the whole chunk: sorted again in full),
+// alone or mixed with Gaussian values.
+TEST(gpu_vs_cpu, sram_quantiles_tied_high_bits) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.sram_quantiles_tied_high_bits", [] {
+    const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 1 << 18);
+    const std::int64_t k = *rc::gen::element<std::int64_t>(256, 255, 17, 4096);
+    const int mode = *rc::gen::inRange(0, 4);  // repeats, near ties, crowded, all three + Gaussian
+    std::mt19937_64 g(*rc::gen::arbitrary<std::uint64_t>());
+    std::normal_distribution<float> nd;
+    std::vector<float> centres(*rc::gen::inRange(1, 500));
+    for (float& c : centres) c = nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 8) - 4);
+    mirrored in(static_cast<std::size_t>(n) * 4);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const int m = mode == 3 ? static_cast<int>(g() % 4) : mode;
+      const float u = static_cast<float>(g() % 65536) / 65536.0f;
+      const float c = centres[g() % centres.size()];
+      const float v = m == 0   ? c
+                      : m == 1 ? c * (1.0f + u * std::ldexp(1.0f, -20))
+                      : m == 2 ? 1.0f + u * std::ldexp(1.0f, -16)
+                               : nd(g);
+      std::memcpy(in.host.data() + 4 * i, &v, 4);
+    }
+    in.push();
+    mirrored out(static_cast<std::size_t>(k) * 4);
+    for (bool gpu : {false, true})
+      kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n), out.flat(gpu, dtype::float32, k));
+    RC_ASSERT(same_bytes(out.host, out.pull(), "quantile estimates"));
+  }));
+}
+
 TEST(gpu_vs_cpu, sram_quantiles_group_order) {
   LOWBIT_REQUIRE_GPU();
   // Chunks of constant values whose products m_c Q(c) are 2^53, 1 (chunks 0 and 1) and 1, -2^53
