@@ -33,7 +33,7 @@ run() {  # name, timeout in seconds, command...
   summary+=("$(printf '%-40s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
   tail -n 5 "$out/$name.log"
 }
-blockwise_tests='gpu_vs_cpu.blockwise_*:gpu_vs_cpu.sram_quantiles'
+blockwise_tests='gpu_vs_cpu.blockwise_*:gpu_vs_cpu.sram_quantiles*'
 # Ordered by importance, so that a short lease or a slow step still leaves the main results:
 # the tests, the benchmarks, the sanitizers on the block-wise kernels (new, never run on a GPU
 # before), then the large-index and exhaustive sweeps, the other sanitizer runs, Nsight Compute.
@@ -52,7 +52,7 @@ export RC_PARAMS="max_success=2"
 run racecheck_blockwise 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
   $bin/lowbit_gpu_tests --gtest_filter="$blockwise_tests"
 unset RC_PARAMS
-run gpu_large 120 $bin/lowbit_gpu_tests --gtest_filter=gpu_large.*
+run gpu_large 180 $bin/lowbit_gpu_tests --gtest_filter=gpu_large.*
 run gpu_exhaustive 60 $bin/lowbit_gpu_exhaustive
 export RC_PARAMS="max_success=8"
 run memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -65,11 +65,12 @@ unset RC_PARAMS
 # --launch-skip 1 skips the first launch: the benchmark's warm-up for quantize_gpu.cpp's rows,
 # the input generation for blockwise_gpu.cpp's; the next three launches are then profiled, e.g.
 # amax + scale + cast of current scaling, bucket table + quantize, or the quantile kernels).
-for b in quantize_tensor_current_e4m3fn quantize_mxfp8_e4m3fn quantize_rows_int8_4096 \
-  blockwise_quantize_dynamic_f32_b2048 sram_quantiles_f32_k256; do
+for b in quantize_mxfp8_e4m3fn quantize_rows_int8_4096 blockwise_quantize_dynamic_f32_b2048 \
+  blockwise_dequantize_dynamic_f32_b256 sram_quantiles_f32_k256 quantize_tensor_current_e4m3fn; do
   run ncu_$b 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section InstructionStats \
     --launch-skip 1 --launch-count 3 $bin/lowbit_bench_gpu --benchmark_filter="^$b/"
-  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Through|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size" \
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Through|Compute \(SM\) Th|Achieved Occ|Registers Per|Grid Size|Executed Instructions  |Issued Warp Per|No Eligible" \
     "$out/ncu_$b.log" | head -40
 done
 # The results, last: benchmark rows (name, time per call, counters: GB/s; of_copy = fraction of
