@@ -428,6 +428,30 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elem
   }
 }
 
+// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after opting
+// in to that much; asked once per kernel and device. The group-pass kernels launch about this
+// many blocks per SM, each walking many groups, so that table copies stay few and no partial
+// second wave runs.
+template <auto kernel>
+int resident_blocks(int block_threads, int smem) {
+  constexpr int max_devices = 64;
+  static std::atomic<int> known[max_devices] = {};  // 0: not asked yet
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < max_devices && known[dev].load(std::memory_order_relaxed) > 0)
+    return known[dev].load(std::memory_order_relaxed);
+  // Opted in whatever the size: a kernel's static shared memory counts against the default
+  // 48 KiB too.
+  if (smem > 0)
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int n = 0;
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
+  n = std::max(n, 1);
+  if (dev < max_devices) known[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
 inline int log2_ceil(std::int64_t v) {
   int l = 0;
   while ((std::int64_t{1} << l) < v) ++l;
