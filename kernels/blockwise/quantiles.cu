@@ -126,10 +126,12 @@ __device__ __forceinline__ void radix_sort(std::uint32_t (&keys)[sort_items], ra
 // float32 keys are sorted on their high 24 bits only (three passes instead of four): a chunk's
 // quantile at position pos is then the (pos - lo)-th smallest key, by all 32 bits, of the run
 // [lo, hi) of keys equal on the high 24 bits around pos, the keys the full sort would place at
-// lo..hi-1. Most runs are one key long, or one key repeated (a bit mask marks where neighbours
-// tie on the high bits but differ); a mixed run of up to coarse_run_limit keys is resolved by
-// counting, and a chunk with a longer mixed run (values crowded into a 2^-15 relative range) is
-// sorted again in full. 16-bit inputs have few low bits to drop; they sort in full.
+// lo..hi-1. Most runs are one key long; runs of up to 8 keys are resolved by counting. Longer
+// runs are mostly one key repeated (a bit mask, made only for chunks that have such runs, marks
+// where neighbours tie on the high bits but differ); a longer mixed run of up to
+// coarse_run_limit keys is resolved by counting, and a chunk with a mixed run beyond that
+// (values crowded into a 2^-15 relative range) is sorted again in full. 16-bit inputs have few
+// low bits to drop; they sort in full.
 template <class In>
 constexpr int coarse_passes = std::is_same_v<In, float> ? 1 : 0;  // low passes left out
 constexpr int coarse_run_limit = 64;
@@ -147,31 +149,24 @@ __device__ __forceinline__ int run_bound(const std::uint32_t* sorted, int a, int
   return a;
 }
 
-// The key the full sort would place at `pos` of a coarsely sorted chunk (see coarse_passes), or
-// `unresolved` set where its run is mixed and longer than coarse_run_limit.
-__device__ __forceinline__ std::uint32_t coarse_select(const std::uint32_t* sorted,
-                                                       const std::uint32_t* mixed, int pos,
-                                                       int shift, bool& unresolved) {
-  const std::uint32_t key = sorted[pos], c = key >> shift;
-  constexpr int scan = 4;  // run ends looked for next to pos before a binary search
-  int lo = pos, hi = pos + 1;
+// The run [lo, hi) around `pos` of keys equal on the sorted bits (key >> shift) in a coarsely
+// sorted chunk: its ends looked for next to pos, then by binary search.
+__device__ __forceinline__ void tied_run(const std::uint32_t* sorted, int pos, int shift, int& lo,
+                                         int& hi) {
+  const std::uint32_t c = sorted[pos] >> shift;
+  constexpr int scan = 4;
+  lo = pos;
+  hi = pos + 1;
   while (lo > 0 && pos - lo < scan && (sorted[lo - 1] >> shift) == c) --lo;
   if (lo > 0 && (sorted[lo - 1] >> shift) == c) lo = run_bound(sorted, 0, lo, shift, c, false);
   while (hi < quantile_chunk && hi - pos <= scan && (sorted[hi] >> shift) == c) ++hi;
   if (hi < quantile_chunk && (sorted[hi] >> shift) == c)
     hi = run_bound(sorted, hi, quantile_chunk, shift, c, true);
-  bool pure = true;  // no neighbours in (lo, hi) differ: every key of the run is `key`
-  for (int p = lo + 1; p < hi && pure; p = (p | 31) + 1) {
-    const int span = min(hi - p, 32 - (p & 31));
-    const std::uint32_t bits = mixed[p >> 5] >> (p & 31);
-    pure = (span == 32 ? bits : bits & ((1u << span) - 1u)) == 0;
-  }
-  if (pure) return key;
-  if (hi - lo > coarse_run_limit) {
-    unresolved = true;
-    return key;
-  }
-  const int r = pos - lo;
+}
+
+// The r-th smallest key (by all bits) of sorted[lo, hi), by counting.
+__device__ __forceinline__ std::uint32_t rank_in_run(const std::uint32_t* sorted, int lo, int hi,
+                                                     int r) {
   for (int a = lo; a < hi; ++a) {
     const std::uint32_t e = sorted[a];
     int below = 0, upto = 0;
@@ -181,7 +176,19 @@ __device__ __forceinline__ std::uint32_t coarse_select(const std::uint32_t* sort
     }
     if (below <= r && r < upto) return e;
   }
-  return key;  // not reached: some key of the run has rank r
+  return sorted[lo + r];  // not reached: some key of the run has rank r
+}
+
+// Whether no neighbours in (lo, hi) differ, by the mask of mixed ties (bit p: sorted[p] ties
+// sorted[p - 1] on the sorted bits and differs from it): then every key of the run is the same.
+__device__ __forceinline__ bool pure_run(const std::uint32_t* mixed, int lo, int hi) {
+  bool pure = true;
+  for (int p = lo + 1; p < hi && pure; p = (p | 31) + 1) {
+    const int span = min(hi - p, 32 - (p & 31));
+    const std::uint32_t bits = mixed[p >> 5] >> (p & 31);
+    pure = (span == 32 ? bits : bits & ((1u << span) - 1u)) == 0;
+  }
+  return pure;
 }
 
 // One chunk per block at a time (grid-stride). The sort's output is the chunk's keys in order
@@ -222,8 +229,7 @@ __global__ void __launch_bounds__(sort_threads, 4)
   };
   prefetch(blockIdx.x);
   for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const std::int64_t i0 = c * quantile_chunk;
-    const std::int64_t m = min(n - i0, quantile_chunk);
+    const int m = static_cast<int>(min(n - c * quantile_chunk, quantile_chunk));  // values here
     // A coarse sort first where the type has one; the full sort after a mixed run too long to
     // resolve (one sort in the code, so that its registers serve both).
     for (int first = coarse_passes<In>;; first = 0) {
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(sort_threads, 4)
         for (int j = 0; j < sort_items; ++j) {
           const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
           keys[j] = pos < m ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(
-                                  cast_ops::load(x[i0 + pos])))
+                                  cast_ops::load(x[c * quantile_chunk + pos])))
                             : padding;
         }
       }
@@ -259,21 +265,45 @@ __global__ void __launch_bounds__(sort_threads, 4)
               ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
         break;
       }
-      const unsigned lane = threadIdx.x % 32;
-#pragma unroll
-      for (int j = 0; j < sort_items; ++j) {  // consecutive positions per warp: a word per ballot
-        const int p = j * sort_threads + static_cast<int>(threadIdx.x);
-        const bool mix = p > 0 && (sorted[p] >> coarse) == (sorted[p - 1] >> coarse) &&
-                         sorted[p] != sorted[p - 1];
-        const std::uint32_t word = __ballot_sync(0xFFFFFFFFu, mix);
-        if (lane == 0) mixed[p >> 5] = word;
-      }
-      __syncthreads();
-      bool unresolved = false;
+      // Runs of up to short_run keys (nearly all of them) by counting, at once; longer ones
+      // after the block marked its mixed ties, only when some quantile has one.
+      constexpr int short_run = 8;
+      const auto write = [&](std::int64_t q, std::uint32_t key) {
+        part[c * k + q] = emu::detail::bit_cast<float>(ops::key_bits(key));
+      };
+      bool long_run = false, unresolved = false;
       for (std::int64_t q = threadIdx.x; q < k; q += sort_threads) {
         const int pos = static_cast<int>(ops::quantile_position(q, k, m));
-        part[c * k + q] = emu::detail::bit_cast<float>(
-            ops::key_bits(coarse_select(sorted, mixed, pos, coarse, unresolved)));
+        int lo, hi;
+        tied_run(sorted, pos, coarse, lo, hi);
+        if (hi - lo <= short_run)
+          write(q, hi - lo == 1 ? sorted[pos] : rank_in_run(sorted, lo, hi, pos - lo));
+        else
+          long_run = true;
+      }
+      if (__syncthreads_or(long_run)) {  // block-uniform
+        const unsigned lane = threadIdx.x % 32;
+#pragma unroll
+        for (int j = 0; j < sort_items; ++j) {  // consecutive positions per warp: a word a ballot
+          const int p = j * sort_threads + static_cast<int>(threadIdx.x);
+          const bool mix = p > 0 && (sorted[p] >> coarse) == (sorted[p - 1] >> coarse) &&
+                           sorted[p] != sorted[p - 1];
+          const std::uint32_t word = __ballot_sync(0xFFFFFFFFu, mix);
+          if (lane == 0) mixed[p >> 5] = word;
+        }
+        __syncthreads();
+        for (std::int64_t q = threadIdx.x; q < k; q += sort_threads) {
+          const int pos = static_cast<int>(ops::quantile_position(q, k, m));
+          int lo, hi;
+          tied_run(sorted, pos, coarse, lo, hi);
+          if (hi - lo <= short_run) continue;
+          if (pure_run(mixed, lo, hi))
+            write(q, sorted[pos]);
+          else if (hi - lo <= coarse_run_limit)
+            write(q, rank_in_run(sorted, lo, hi, pos - lo));
+          else
+            unresolved = true;
+        }
       }
       // Block-uniform; every read of sorted[] and mixed[] is done past this barrier.
       if (!__syncthreads_or(unresolved)) break;
