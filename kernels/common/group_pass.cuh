@@ -382,13 +382,18 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elem
     }
   };
 
+  // The swizzle's per-thread parts: piece i * threads + tid (copied by this thread) goes to slot
+  // i * threads + (tid ^ ((tid / 8) % 8)), as threads is a multiple of 64; piece tid * P + j (read
+  // by it) sits at slot (tid * P ^ ((tid * P / 8) % 8)) ^ j, as j < P carries into no higher bit.
+  static_assert(threads % 64 == 0);
   piece* const stage0 = reinterpret_cast<piece*>(group_pass::group_shared() + staging_offset<Rule>);
-  const auto slot = [&](int s, int c) { return stage0 + s * (threads * P) + (c ^ ((c >> 3) & 7)); };
+  const int copy_slot = tid ^ ((tid >> 3) & 7), read_slot = (tid * P) ^ (((tid * P) >> 3) & 7);
   const auto stage_in = [&](std::int64_t tile, int s) {  // one copy group, empty past the tiles
     if (tile < full_tiles) {
-      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile);
+      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile) + tid;
+      piece* dst = stage0 + s * (threads * P) + copy_slot;
 #pragma unroll
-      for (int i = 0; i < P; ++i) copy_async<16>(slot(s, i * threads + tid), src + i * threads + tid);
+      for (int i = 0; i < P; ++i) copy_async<16>(dst + i * threads, src + i * threads);
     }
     copy_commit();
   };
@@ -410,9 +415,10 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elem
       stage_in(next_tile, s_write);
       next_tile += gridDim.x;
     }
+    const piece* const stage = stage0 + s_read * (threads * P);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      const piece w = *slot(s_read, tid * P + j);
+      const piece w = stage[read_slot ^ j];
 #pragma unroll
       for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = cast_ops::load(w.v[e]);
     }
