@@ -180,11 +180,9 @@ LOWBIT_HD LOWBIT_INLINE float element_value(const target& t, FormatTag, std::uin
 // E8M0 code of the shared scale: floor(log2(amax)) - emax_elem, clamped to [-127, 127];
 // 0xFF (NaN) for a NaN or Inf in the block; 2^-127 (code 0) for an all-zero block.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t mx_scale_code(std::uint32_t amax_bits, int emax) {
-  // Written as selects (no branch on the GPU): floor(log2(amax)) of a normal and of a subnormal
-  // amax side by side; 0 (amax 0, bit_width 0) lands below -127 and is clamped with the rest.
-  const int field = static_cast<int>(amax_bits >> 23);
-  const int e = field != 0 ? field - 127 : emu::detail::bit_width(amax_bits) - 150;
-  int s = e - emax;
+  // Written as selects (no branch on the GPU); amax 0 gives floor_log2 = -150, below -127, and
+  // is clamped with the rest.
+  int s = floor_log2(amax_bits) - emax;
   s = s < -127 ? -127 : (s > 127 ? 127 : s);
   const std::uint32_t code = amax_bits == 0 ? 0u : static_cast<std::uint32_t>(s + 127);
   return amax_bits >= 0x7F800000u ? 0xFFu : code;
