@@ -39,6 +39,7 @@ __global__ void buckets_kernel(const ops::tables* __restrict__ tb,
 // memory (their lookups are data dependent: shared memory serves them at far more lookups per
 // cycle than the L1 cache).
 constexpr int tables_bytes = (sizeof(ops::tables) + 15) / 16 * 16;
+static_assert(ops::bucket_bias % 16 == 0, "the bucket table's base less the bias stays 16-aligned");
 constexpr int blob_bytes =
     tables_bytes + (static_cast<int>(sizeof(std::uint32_t) * ops::bucket_count) + 15) / 16 * 16;
 
@@ -79,7 +80,9 @@ struct codebook_rule {
   };
   const unsigned char* blob;  // device memory; the kernels read the copy in group_shared()
   std::uint32_t zero_code;
-  std::uint32_t buckets_at = 0;  // shared-memory address of the bucket table (after to_shared)
+  // Shared-memory address of the bucket table (after to_shared; a multiple of 16) less
+  // ops::bucket_bias (a multiple of 16 too): the base of ops::bucket_address.
+  std::uint32_t bucket_base = 0;
   __device__ codebook_rule to_shared() const {
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const auto* src = reinterpret_cast<const uint4*>(blob);
@@ -89,39 +92,42 @@ struct codebook_rule {
     codebook_rule r = *this;
     // Through an opaque move: the compiler then keeps the address in a register instead of
     // recomputing the shared window's base for every element.
-    const auto at =
-        static_cast<std::uint32_t>(__cvta_generic_to_shared(group_pass::group_shared() + tables_bytes));
-    asm volatile("mov.b32 %0, %1;" : "=r"(r.buckets_at) : "r"(at));
+    const auto at = static_cast<std::uint32_t>(
+                        __cvta_generic_to_shared(group_pass::group_shared() + tables_bytes)) -
+                    ops::bucket_bias;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r.bucket_base) : "r"(at));
     return r;
   }
   __device__ group begin(std::uint32_t amax_bits) const {
     // An all-zero block keeps x (ops::normalized): dividing by 1 does. A poisoned block (NaN or
-    // Inf inside) gets every element zero_code; its elements still run through the search with
-    // a divisor of 1 (their t, maybe NaN or above 1, only picks a bucket: bucket_of clamps),
-    // and element() then selects zero_code.
+    // Inf inside) is uniform (zero_code), so element() sees only blocks with finite elements,
+    // whose t = x / a lies in [-1, 1].
     const bool poisoned = ops::poisoned(amax_bits);
     const float a = amax_bits == 0 || poisoned ? 1.0f : __uint_as_float(amax_bits);
-    divisor div = divisor::make(a);
-    if constexpr (S != search::simple)
-      if (poisoned) div.small_bits = 1u;  // no nonzero |x| bits below 1: never the division
-    return {amax_bits, div, poisoned};
+    return {amax_bits, divisor::make(a), poisoned};
+  }
+  // Simple tables: element() returns the step entry plus t's low bits, the code in bits 24-31.
+  static constexpr int code_byte = S == search::simple ? 3 : 0;
+  __device__ bool uniform(const group& g, std::uint32_t& code) const {
+    code = zero_code << (8 * code_byte);
+    return g.poisoned;
   }
   __device__ float stored(const group& g) const { return ops::stored_absmax(g.amax); }
   __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
     const auto* tb = reinterpret_cast<const ops::tables*>(group_pass::group_shared());
+    const float t = g.div(x);
     if constexpr (S == search::stochastic) {
-      return g.poisoned ? zero_code : ops::stochastic_index(tb->value, g.div(x), rbits);
+      return ops::stochastic_index(tb->value, t, rbits);
     } else {
-      const float t = g.div(x);
-      // The bucket entry through its 32-bit shared address, computed once per thread.
+      const std::uint32_t bits = __float_as_uint(t);
       std::uint32_t e;
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(buckets_at + 4u * ops::bucket_of(t)));
-      std::uint32_t idx;
+      asm volatile("ld.shared.u32 %0, [%1];"
+                   : "=r"(e)
+                   : "r"(ops::bucket_address(bucket_base, bits)));
       if constexpr (S == search::simple)
-        idx = ops::nearest_in_step_bucket(e, t);
+        return ops::step_bucket_word(e, bits);
       else
-        idx = ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
-      return g.poisoned ? zero_code : idx;
+        return ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
     }
   }
   static constexpr bool stochastic() { return S == search::stochastic; }

@@ -75,21 +75,35 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_index(const float* sum_hi, const f
 // nearest_index is monotone in t, so every t in a bucket of float bit patterns has its nearest
 // index between those of the bucket's two ends. Buckets: per sign, |t|'s bits clamped to
 // [2^-32, 1] and cut after the top 6 mantissa bits: 32 binades of 64 buckets, the last (t = 1)
-// one bucket, 2049 per sign. In bucket j > 0 of a sign, |t| differs only in the low 17 bits and
-// grows with them; mirrored (low ^ 0x1FFFF) for negative t, the index grows with them. Bucket 0
-// holds every |t| below 2^-32 + 2^-38 (zeros included), whose low bits do not order it.
-// A bucket > 0 whose two ends' indices differ by at most one (every such bucket of the built-in
-// codebooks) holds the smaller index and the first mirrored low value at which the index is one
-// more (2^17: never): one table read and one integer comparison find the index. Bucket 0 when
-// its ends differ, and a bucket that spans more midpoints (entries that crowd), hold both ends'
-// indices, and a walk over the midpoints between them, with the same exact comparison, ends
-// where the binary search does. Either way the index is nearest_index(t). The table is 16 KiB.
+// one bucket, 2049 per sign; bucket j of |t| and sign bit s is u = 2 j + s. In bucket j > 0 of a
+// sign, |t| differs only in the low 17 bits and grows with them; mirrored (low ^ 0x1FFFF) for
+// negative t, the index grows with them. Bucket 0 holds every |t| below 2^-32 + 2^-38 (zeros
+// included), whose low bits do not order it.
+//
+// A step entry serves a bucket > 0 whose two ends' indices differ by at most one (every such
+// bucket of the built-in codebooks), and a bucket 0 whose ends agree: the smaller index i in bits
+// 24-31 and 2^24 - h in bits 0-23, with h in [1, 2^17] the first mirrored low value at which the
+// index is i + 1 (2^17: never). The index is then (entry + low) >> 24, one addition: the carry
+// into bit 24 is the comparison low >= h. Bits 17-23 of a step entry are all ones. A walk entry
+// (bit 23 clear) serves bucket 0 when its ends differ, and a bucket that spans more midpoints
+// (entries that crowd): both ends' indices, and a walk over the midpoints between them, with the
+// same exact comparison, ends where the binary search does. Either way the index is
+// nearest_index(t). The table is 16 KiB.
 inline constexpr std::uint32_t bucket_floor = 0x2F800000u;          // 2^-32
 inline constexpr std::uint32_t bucket_ceiling = 0x3F800000u;        // 1
 inline constexpr std::uint32_t buckets_per_sign = ((bucket_ceiling - bucket_floor) >> 17) + 1;  // 2049
 inline constexpr std::uint32_t bucket_count = 2 * buckets_per_sign;
-inline constexpr std::uint32_t bucket_walk = 0x80000000u;  // entry flag: walk the midpoints
-inline constexpr std::uint32_t bucket_never = 1u << 17;     // threshold: no step in the bucket
+inline constexpr std::uint32_t bucket_never = 1u << 17;     // h: no step in the bucket
+inline constexpr std::uint32_t bucket_step_flag = 1u << 23;  // set in step entries
+
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_step_entry(std::uint32_t index,
+                                                                  std::uint32_t h) {
+  return (index << 24) + ((1u << 24) - h);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_walk_entry(std::uint32_t lo,
+                                                                  std::uint32_t hi) {
+  return lo | (hi << 8);
+}
 
 // t's bucket; any float bits (NaN, |t| > 1: the clamp keeps every bucket in the table).
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
@@ -97,20 +111,30 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
   std::uint32_t m = b & 0x7FFFFFFFu;
   m = m < bucket_floor ? bucket_floor : m;
   m = m > bucket_ceiling ? bucket_ceiling : m;
-  return ((m - bucket_floor) >> 17) + (b >> 31) * buckets_per_sign;
+  return (((m - bucket_floor) >> 17) << 1) | (b >> 31);
+}
+
+// base + 4 bucket_of(t) + bucket_bias for |t| <= 1 and base a multiple of 8 (32-bit wrapping
+// arithmetic): the kernels' address of t's entry, with base the table's address less
+// bucket_bias. The low 17 bits are cleared before the clamp, and the sign's 4 joins base by an OR.
+inline constexpr std::uint32_t bucket_bias = bucket_floor >> 14;
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_address(std::uint32_t base,
+                                                               std::uint32_t bits) {
+  const std::uint32_t m = bits & 0x7FFE0000u;
+  const std::uint32_t sign_mask = static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31);
+  return (base | (sign_mask & 4u)) + ((m < bucket_floor ? bucket_floor : m) >> 14);
 }
 
 // The smallest and largest |t| bits of bucket u, and its sign bit.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_sign(std::uint32_t u) {
-  return u >= buckets_per_sign ? 0x80000000u : 0u;
+  return (u & 1u) << 31;
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_first(std::uint32_t u) {
-  const std::uint32_t j = u >= buckets_per_sign ? u - buckets_per_sign : u;
+  const std::uint32_t j = u >> 1;
   return j == 0 ? 0u : bucket_floor + (j << 17);
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_last(std::uint32_t u) {
-  const std::uint32_t j = u >= buckets_per_sign ? u - buckets_per_sign : u;
-  return bucket_floor + (j << 17) + 0x1FFFFu;
+  return bucket_floor + ((u >> 1) << 17) + 0x1FFFFu;
 }
 
 // The low 17 bits of t, mirrored for negative t.
@@ -118,8 +142,7 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_low(std::uint32_t bits) {
   return (bits ^ static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31)) & 0x1FFFFu;
 }
 
-// Table entry of bucket u: the smaller index in bits 23-30 and the threshold in bits 0-17; or,
-// flagged bucket_walk, the smaller end index in bits 0-7 and the larger in bits 8-15.
+// Table entry of bucket u (above).
 LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* sum_lo,
                                             std::uint32_t u) {
   const std::uint32_t sign = bucket_sign(u), first = bucket_first(u);
@@ -128,37 +151,41 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
   };
   const std::uint32_t i0 = index_of(first), i1 = index_of(bucket_last(u));
   if (i0 == i1)
-    return (i0 << 23) | bucket_never;
+    return bucket_step_entry(i0, bucket_never);
   const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
   if (hi - lo > 1 || first == 0)
-    return bucket_walk | lo | (hi << 8);
+    return bucket_walk_entry(lo, hi);
   std::uint32_t below = 0, at = 0x1FFFFu;  // index_of(first | below) == i0 != index_of(first | at)
   while (at - below > 1) {
     const std::uint32_t mid = below + (at - below) / 2;
     (index_of(first | mid) == i0 ? below : at) = mid;
   }
   // Raw low bits >= at step away from i0; mirrored, those below `at` reach the larger index.
-  return (lo << 23) | (i0 < i1 ? at : bucket_never - at);
+  return bucket_step_entry(lo, i0 < i1 ? at : bucket_never - at);
+}
+
+// The index from a step entry e and t's bits, in bits 24-31 of the word (the kernels store that
+// byte) and in the low byte.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t step_bucket_word(std::uint32_t e,
+                                                                 std::uint32_t bits) {
+  return e + bucket_low(bits);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t nearest_in_step_bucket(std::uint32_t e,
+                                                                       std::uint32_t bits) {
+  return step_bucket_word(e, bits) >> 24;
 }
 
 // nearest_index(t) for |t| <= 1 (not NaN), from the entry e of t's bucket.
 LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_bucket(std::uint32_t e, const float* sum_hi,
                                                         const float* sum_lo, float t) {
-  const std::uint32_t bits = bit_cast<std::uint32_t>(t);
-  if ((e & bucket_walk) == 0)
-    return (e >> 23) + (bucket_low(bits) >= (e & 0x3FFFFu) ? 1u : 0u);
+  if ((e & bucket_step_flag) != 0)
+    return nearest_in_step_bucket(e, bit_cast<std::uint32_t>(t));
   std::uint32_t idx = e & 0xFFu;
   const std::uint32_t hi = (e >> 8) & 0xFFu;
   const float t2 = t + t;
   while (idx < hi && above(t2, sum_hi[idx], sum_lo[idx]))
     ++idx;
   return idx;
-}
-
-// The index from the entry of a bucket that is not flagged bucket_walk: branch-free, for the
-// kernels of codebooks whose table has no walks (simple_buckets).
-LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_step_bucket(std::uint32_t e, float t) {
-  return (e >> 23) + (bucket_low(bit_cast<std::uint32_t>(t)) >= (e & 0x3FFFFu) ? 1u : 0u);
 }
 
 // Whether the codebook's bucket table holds no walks and both buckets 0 one index (that of
@@ -178,8 +205,9 @@ inline bool simple_buckets(const tables& tb) {
     const float lo = two_ulps(m, -2.0f), hi = two_ulps(m, 2.0f);
     if (!(lo > 0.0f) && !(hi < 0.0f)) return false;  // within reach of zero: bucket 0
     const std::uint32_t b0 = bucket_of(lo), b1 = bucket_of(hi);
-    for (std::uint32_t b = b0 < b1 ? b0 : b1, end = b0 < b1 ? b1 : b0; b <= end; ++b) {
-      if (b == 0 || b == buckets_per_sign || marked[b]) return false;
+    // lo and hi have one sign: their buckets are those of that sign from b0 to b1 (step 2).
+    for (std::uint32_t b = b0 < b1 ? b0 : b1, end = b0 < b1 ? b1 : b0; b <= end; b += 2) {
+      if (b < 2 || marked[b]) return false;
       marked[b] = 1;
     }
   }
@@ -243,14 +271,26 @@ struct block_divisor {
 struct scaled_divisor {
   float s, a, y;
   LOWBIT_HD LOWBIT_INLINE static scaled_divisor make(float a) {
-    const std::uint32_t field = bit_cast<std::uint32_t>(a) >> 23;  // a > 0
-    // s = 2^(127 - field): from 2^-127 (a subnormal float, exact) for the largest a to 2^126;
-    // 2^127 for subnormal a.
-    const float s = field == 0     ? bit_cast<float>(0x7F000000u)
-                    : field == 254 ? bit_cast<float>(0x00400000u)
-                                   : bit_cast<float>((254u - field) << 23);
-    const float as = a * s;
-    return {s, as, 1.0f / as};
+    // s = 2^(127 - field) for a's exponent field (a > 0 finite): 2^127 for subnormal a (field 0),
+    // 2^126 down to 2^-126, and 2^-127 (a subnormal float, exact) for field 254, the clamp.
+    const std::uint32_t field_bits = bit_cast<std::uint32_t>(a) & 0x7F800000u;
+    const std::uint32_t s_bits = (254u << 23) - field_bits;
+    const float s = bit_cast<float>(s_bits < 0x00400000u ? 0x00400000u : s_bits);
+    const float as = a * s;  // in [1, 2), or [2^-22, 1) for subnormal a
+    return {s, as, reciprocal(as)};
+  }
+  // RN(1 / v) for v in [2^-22, 2): the division on the host; on the GPU the hardware
+  // approximation and one Newton step, the fast path of the compiler's correctly rounded
+  // reciprocal without its test for arguments out of range (none is here).
+  // `gpu_exhaustive.scaled_divisor_reciprocal_is_correctly_rounded` compares every such v.
+  LOWBIT_HD LOWBIT_INLINE static float reciprocal(float v) {
+#if defined(__CUDA_ARCH__)
+    float y0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y0) : "f"(v));
+    return __fmaf_rn(y0, __fmaf_rn(-v, y0, 1.0f), y0);
+#else
+    return 1.0f / v;
+#endif
   }
   LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
     const float xs = x * s;

@@ -8,6 +8,9 @@
 //     __device__ scale_type stored(const group&) const;         // the group's scales[] entry
 //     __device__ std::uint32_t element(const group&, float x, std::uint32_t rbits) const;
 //     __device__ bool stochastic() const;                       // whether rbits are drawn
+//     // optional: a group whose every element gets one code (the kernels then call element()
+//     // for none of its elements, so element() may assume that its group is not one)
+//     __device__ bool uniform(const group&, std::uint32_t& code) const;
 //   };
 //
 // The amax is a maximum of |x| bit patterns (NaN above Inf above every finite value): exact and
@@ -50,6 +53,27 @@ __device__ __forceinline__ unsigned char* group_shared() {
   return group_shared_bytes;
 }
 
+// Whether every element of group g gets one code (the rule's optional `uniform`), and which.
+template <class Rule, class Group>
+__device__ __forceinline__ bool uniform_group(const Rule& rule, const Group& g, std::uint32_t& code) {
+  if constexpr (requires { rule.uniform(g, code); }) return rule.uniform(g, code);
+  else return false;
+}
+
+// Rules with byte codes may return each code (of element() and uniform()) in a higher byte of
+// the word, `static constexpr int code_byte` (0 by default), where their arithmetic leaves it:
+// the flat kernel's byte permutes pick it there with no shift.
+template <class Rule>
+inline constexpr int code_byte_of = [] {
+  if constexpr (requires { Rule::code_byte; }) return Rule::code_byte;
+  else return 0;
+}();
+template <class Rule, class Code>
+__device__ __forceinline__ Code code_value(std::uint32_t word) {
+  static_assert(code_byte_of<Rule> == 0 || sizeof(Code) == 1, "a code byte for byte codes only");
+  return static_cast<Code>(word >> (8 * code_byte_of<Rule>));
+}
+
 template <class Rule>
 inline constexpr int shared_bytes_of = [] {
   if constexpr (requires { Rule::shared_bytes; }) return Rule::shared_bytes;
@@ -89,30 +113,68 @@ __global__ void __launch_bounds__(threads)
     m = block_max(m);
     const auto grp = rule.begin(m);
     if (threadIdx.x == 0) scales[g] = rule.stored(grp);
+    std::uint32_t same = 0;
+    const bool uniform = uniform_group(rule, grp, same);
     for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
       for (std::int64_t c = c0 + lane; c < c1; c += lanes) {
+        if (uniform) {
+          codes[r * crs + c] = code_value<Rule, Code>(same);
+          continue;
+        }
         const std::uint32_t rb =
             rule.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
-        codes[r * crs + c] = static_cast<Code>(rule.element(grp, cast_ops::load(x[r * xrs + c]), rb));
+        codes[r * crs + c] =
+            code_value<Rule, Code>(rule.element(grp, cast_ops::load(x[r * xrs + c]), rb));
       }
   }
 }
 
 constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
 
-// Elements per thread of the segment kernel for a rule: 16, or what the rule asks for
-// (`static constexpr int segment_elements`): more elements per thread spread the per-segment work
-// (reduction, scale, staging) over more elements.
-template <class Rule>
-inline constexpr int segment_elements_of = [] {
-  if constexpr (requires { Rule::segment_elements; }) return Rule::segment_elements;
-  else return 16;
-}();
+// Elements per thread of the segment and flat kernels, and the blocks per SM they are compiled
+// for: 4, that is at most 64 registers (the block-wise kernels, whose tables take shared memory,
+// also fit four blocks per SM with two stages).
+constexpr int elements_per_thread = 16;
+constexpr int min_blocks = 4;
 
-// Blocks per SM the segment and flat kernels are compiled for: 4 (64 registers) with 16
-// elements per thread, 3 (80) for rules with shared tables, 2 (128) with 32 elements per thread.
-template <class Rule, int E>
-inline constexpr int segment_min_blocks = E >= 32 ? 2 : shared_bytes_of<Rule> > 0 ? 3 : 4;
+// The maximum of |v[i]| as bits (abs_bits), in fewer operations and a shorter chain than a loop
+// over abs_bits: as signed integers the largest bits are those of the largest |v| among the
+// positive v (or, if none is positive, of the largest |v| among the negative ones); as unsigned
+// integers those of the largest |v| among the negative v (or, if none is negative, among the
+// positive ones). The larger of the two without its sign bit is the maximum, both trees balanced.
+template <int N>
+__device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
+  static_assert(N >= 2 && (N & (N - 1)) == 0);
+  std::int32_t s[N];
+  std::uint32_t u[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    s[i] = __float_as_int(v[i]);
+    u[i] = __float_as_uint(v[i]);
+  }
+#pragma unroll
+  for (int w = N / 2; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i)
+      if (i < w) {
+        s[i] = max(s[i], s[i + w]);
+        u[i] = max(u[i], u[i + w]);
+      }
+  return max(static_cast<std::uint32_t>(s[0]) & 0x7FFFFFFFu, u[0] & 0x7FFFFFFFu);
+}
+
+// bar.sync on named barrier `id` (1-15; __syncthreads uses 0) by `count` threads (whole warps).
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(count) : "memory");
+}
+
+// Byte B of c0 .. c3 as one word, by byte permutes (which select a byte where it lies).
+template <int B>
+__device__ __forceinline__ std::uint32_t pack_bytes(std::uint32_t c0, std::uint32_t c1,
+                                                    std::uint32_t c2, std::uint32_t c3) {
+  constexpr unsigned pair = ((4u + B) << 4) | B;
+  return __byte_perm(__byte_perm(c0, c1, pair), __byte_perm(c2, c3, pair), 0x5410u);
+}
 
 // Random bits of the four elements i .. i+3 (rng.bits of each), in registers: one Philox block
 // when i is a multiple of four, else the two blocks the four straddle.
@@ -158,7 +220,7 @@ template <class Rule>
 inline constexpr int staging_offset = (shared_bytes_of<Rule> + 15) / 16 * 16;
 
 template <int E, class Rule, class In, class Code>
-__global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
+__global__ void __launch_bounds__(threads, min_blocks)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, typename Rule::scale_type* __restrict__ scales, std::int64_t rows,
                    std::int64_t cols, std::int64_t k, int seg_shift, std::int64_t lanes_per_row,
@@ -234,15 +296,22 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
     if (chunk_lane == 0) scales[p.r * nseg + p.seg] = rule.stored(grp);
     const std::uint64_t base = static_cast<std::uint64_t>(p.r * cols + p.c0);
     Code* cs = codes + p.r * crs + p.c0;
+    std::uint32_t same = 0;
+    const bool uniform = uniform_group(rule, grp, same);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int off = offset(j);
-      std::uint32_t rbits[4] = {};
-      if (rule.stochastic()) chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
       vec<Code, 4> w;
+      if (uniform) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        w.v[e] = static_cast<Code>(rule.element(grp, v[j * 4 + e], rbits[e]));
+        for (int e = 0; e < 4; ++e) w.v[e] = code_value<Rule, Code>(same);
+      } else {
+        std::uint32_t rbits[4] = {};
+        if (rule.stochastic()) chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w.v[e] = code_value<Rule, Code>(rule.element(grp, v[j * 4 + e], rbits[e]));
+      }
       if (vector) {
         if (off < p.len) *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
       } else {
@@ -311,19 +380,24 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, E>)
 // length is a multiple of k) cut into groups of k = 2^k_log2 consecutive elements, E <= k <= the
 // tile (the OCP MX blocks, the block-wise codebooks' blocks, rows of a power-of-two length). A
 // tile of threads * E elements gives each thread E consecutive elements, so a group is 2^gl
-// adjacent threads (gl = k_log2 - log2 E): its amax by shuffles, through shared memory beyond a
-// warp, and the per-group work (scale, stored value) once per thread. The tile is staged in
-// 16-byte pieces: piece c is copied by thread c % threads, so every warp-wide copy covers one
-// contiguous span, and lands at the swizzled slot c ^ ((c / 8) % 8) of its stage, so that the
-// threads then read their own E elements back without bank conflicts (each 8-thread phase of a
-// 16-byte shared load touches all 32 banks once). Full tiles are staged `stages - 1` tiles ahead
-// as in segment_kernel; the last, partial tile (if any) is loaded element by element.
+// adjacent threads (gl = k_log2 - log2 E): its amax by shuffles, beyond a warp through shared
+// memory and a named barrier of the group's warps only, and the per-group work (scale, stored
+// value) once per thread.
+//
+// Each warp stages its own span of the tile (32 E elements) in 16-byte pieces: piece c of the
+// span is copied by lane c % 32, so every warp-wide copy covers one contiguous 512-byte span,
+// and lands at the swizzled slot c ^ ((c / 8) % 4) of the warp's part of the stage, so that the
+// lanes then read their own E elements back without bank conflicts (each 8-lane phase of a
+// 16-byte shared load touches all 32 banks once). A warp reads only what its own lanes copied:
+// it waits for its copies and synchronizes with __syncwarp, never with the whole block, so the
+// warps of a block run through the tiles independently. Full tiles are staged `stages - 1` tiles
+// ahead as in segment_kernel; the last, partial tile (if any) is loaded element by element.
 template <class Rule, class In, class Code>
-__global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elements_of<Rule>>)
+__global__ void __launch_bounds__(threads, min_blocks)
     flat_group_kernel(const In* __restrict__ x, Code* __restrict__ codes,
                       typename Rule::scale_type* __restrict__ scales, std::int64_t n, int k_log2,
                       int stages, Rule rule_in, emu::random_stream rng) {
-  constexpr int E = segment_elements_of<Rule>;
+  constexpr int E = elements_per_thread;
   constexpr int per_piece = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte piece
   constexpr int P = E / per_piece;                               // pieces per thread
   static_assert(P >= 2 && P <= 8 && (P & (P - 1)) == 0, "2, 4 or 8 pieces per thread");
@@ -332,68 +406,96 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elem
   constexpr std::int64_t per_tile = std::int64_t{threads} * E;
   using piece = vec<In, per_piece>;
   const Rule rule = in_shared(rule_in);
-  __shared__ __align__(16) std::uint32_t part[threads / 32];
+  // Warp maxima of groups that span warps, by the parity of the warps' encode() calls: a warp
+  // writes one half while the slowest warp of its group may still read the other.
+  __shared__ __align__(16) std::uint32_t part[2][threads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gl = k_log2 - log2_of(E);  // log2 of the threads per group
   const std::int64_t full_tiles = n / per_tile;
+  int parity = 0;
 
   // The thread's group maximum from its elements, the group's scale and the codes of its E
   // elements from base + tid * E on; called by every thread of the block (the reduction may
   // synchronize). `full`: the tile lies inside n.
   const auto encode = [&](std::int64_t base, const float (&v)[E], bool full) {
-    std::uint32_t m = 0;
-#pragma unroll
-    for (int e = 0; e < E; ++e) m = max(m, abs_bits(v[e]));
+    std::uint32_t m = abs_max_bits(v);
 #pragma unroll
     for (int l = 0; l < 5; ++l)
       if (l < gl) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1 << l));
-    if (gl > 5) {  // block-uniform: the group spans 2, 4 or all 8 warps
-      __syncthreads();  // the previous tile's reads of part[] are done
-      if (lane == 0) part[warp] = m;
-      __syncthreads();
-      const int nw = 1 << (gl - 5), w0 = warp & ~(nw - 1);
-      const uint4 lo = *reinterpret_cast<const uint4*>(&part[0]);
-      const uint4 hi = *reinterpret_cast<const uint4*>(&part[4]);
-      const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-      for (int q = 0; q < 8; ++q) m = q >= w0 && q < w0 + nw ? max(m, w[q]) : m;
+    if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or all 8 warps
+      // A warp's next write to this half of part[] comes after the group's next barrier, which
+      // every warp of the group reaches only after reading this half.
+      std::uint32_t* const half = part[parity];
+      parity ^= 1;
+      if (lane == 0) half[warp] = m;
+      const int group_warps_log2 = gl - 5;
+      named_barrier(1 + (warp >> group_warps_log2), 32 << group_warps_log2);
+      if (gl == 6) {
+        const uint2 w = *reinterpret_cast<const uint2*>(half + (warp & 6));
+        m = max(w.x, w.y);
+      } else if (gl == 7) {
+        const uint4 w = *reinterpret_cast<const uint4*>(half + (warp & 4));
+        m = max(max(w.x, w.y), max(w.z, w.w));
+      } else {
+        const uint4 lo = *reinterpret_cast<const uint4*>(half);
+        const uint4 hi = *reinterpret_cast<const uint4*>(half + 4);
+        m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
+      }
     }
     const auto grp = rule.begin(m);
     const std::int64_t i0 = base + tid * E;
     if ((tid & ((1 << gl) - 1)) == 0 && i0 < n) scales[i0 >> k_log2] = rule.stored(grp);
+    // The codes code_of(v[i], rbits of element i0 + i), stored (`draw`: whether rbits are drawn).
+    const auto store = [&](auto code_of, bool draw) {
 #pragma unroll
-    for (int h = 0; h < E; h += per_store) {
-      vec<Code, per_store> w;
+      for (int h = 0; h < E; h += per_store) {
+        std::uint32_t c[per_store];
 #pragma unroll
-      for (int j = 0; j < per_store; j += 4) {
-        std::uint32_t rbits[4] = {};
-        if (rule.stochastic()) chunk_bits(rng, static_cast<std::uint64_t>(i0 + h + j), rbits);
+        for (int j = 0; j < per_store; j += 4) {
+          std::uint32_t rbits[4] = {};
+          if (draw) chunk_bits(rng, static_cast<std::uint64_t>(i0 + h + j), rbits);
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w.v[j + e] = static_cast<Code>(rule.element(grp, v[h + j + e], rbits[e]));
+          for (int e = 0; e < 4; ++e) c[j + e] = code_of(v[h + j + e], rbits[e]);
+        }
+        if (full) {
+          if constexpr (sizeof(Code) == 1) {
+            constexpr int B = code_byte_of<Rule>;
+            *reinterpret_cast<uint4*>(codes + i0 + h) = make_uint4(
+                pack_bytes<B>(c[0], c[1], c[2], c[3]), pack_bytes<B>(c[4], c[5], c[6], c[7]),
+                pack_bytes<B>(c[8], c[9], c[10], c[11]), pack_bytes<B>(c[12], c[13], c[14], c[15]));
+          } else {
+            vec<Code, per_store> w;
+#pragma unroll
+            for (int e = 0; e < per_store; ++e) w.v[e] = code_value<Rule, Code>(c[e]);
+            *reinterpret_cast<vec<Code, per_store>*>(codes + i0 + h) = w;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < per_store; ++e)
+            if (i0 + h + e < n) codes[i0 + h + e] = code_value<Rule, Code>(c[e]);
+        }
       }
-      if (full) {
-        *reinterpret_cast<vec<Code, per_store>*>(codes + i0 + h) = w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < per_store; ++e)
-          if (i0 + h + e < n) codes[i0 + h + e] = w.v[e];
-      }
-    }
+    };
+    std::uint32_t same = 0;
+    if (uniform_group(rule, grp, same))
+      store([&](float, std::uint32_t) { return same; }, false);
+    else
+      store([&](float xv, std::uint32_t rb) { return rule.element(grp, xv, rb); }, rule.stochastic());
   };
 
-  // The swizzle's per-thread parts: piece i * threads + tid (copied by this thread) goes to slot
-  // i * threads + (tid ^ ((tid / 8) % 8)), as threads is a multiple of 64; piece tid * P + j (read
-  // by it) sits at slot (tid * P ^ ((tid * P / 8) % 8)) ^ j, as j < P carries into no higher bit.
-  static_assert(threads % 64 == 0);
-  piece* const stage0 = reinterpret_cast<piece*>(group_pass::group_shared() + staging_offset<Rule>);
-  const int copy_slot = tid ^ ((tid >> 3) & 7), read_slot = (tid * P) ^ (((tid * P) >> 3) & 7);
+  // The swizzle's per-lane parts: piece i * 32 + lane of the warp's span (copied by this lane)
+  // goes to slot i * 32 + (lane ^ (lane / 8)); piece lane * P + j (read by it) sits at slot
+  // (lane * P ^ ((lane * P / 8) % 4)) ^ j, as j < P carries into no higher bit.
+  constexpr int span = 32 * P;  // pieces of a warp's span
+  piece* const stage0 = reinterpret_cast<piece*>(group_pass::group_shared() + staging_offset<Rule>) +
+                        warp * span;
+  const int copy_slot = lane ^ (lane >> 3), read_slot = (lane * P) ^ (((lane * P) >> 3) & 3);
   const auto stage_in = [&](std::int64_t tile, int s) {  // one copy group, empty past the tiles
     if (tile < full_tiles) {
-      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile) + tid;
+      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile) + warp * span + lane;
       piece* dst = stage0 + s * (threads * P) + copy_slot;
 #pragma unroll
-      for (int i = 0; i < P; ++i) copy_async<16>(dst + i * threads, src + i * threads);
+      for (int i = 0; i < P; ++i) copy_async<16>(dst + i * 32, src + i * 32);
     }
     copy_commit();
   };
@@ -403,14 +505,14 @@ __global__ void __launch_bounds__(threads, segment_min_blocks<Rule, segment_elem
   int s_read = 0, s_write = stages - 1;
   std::int64_t tile = blockIdx.x;
   for (; tile < full_tiles; tile += gridDim.x) {
-    if (stages == 1) {  // no overlap: this tile's copies now, once every thread read the last
-      __syncthreads();
+    if (stages == 1) {  // no overlap: this tile's copies now, once every lane read the last
+      __syncwarp();
       stage_in(tile, 0);
     }
-    copy_wait(stages == 1 ? 0 : stages - 2);  // this tile's copy group is done
-    // Every thread's copies of this tile have landed, and every thread is done reading the stage
+    copy_wait(stages == 1 ? 0 : stages - 2);  // this lane's copy group of this tile is done
+    // The warp's copies of this tile have landed, and its lanes are done reading the stage
     // refilled next (the one read in the previous iteration).
-    __syncthreads();
+    __syncwarp();
     if (stages > 1) {
       stage_in(next_tile, s_write);
       next_tile += gridDim.x;
@@ -511,7 +613,7 @@ template <class Rule, class In, class Code>
 bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                         typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                         const emu::random_stream& rng, cudaStream_t stream) {
-  constexpr int E = segment_elements_of<Rule>;
+  constexpr int E = elements_per_thread;
   constexpr std::int64_t per_tile = std::int64_t{threads} * E;
   const bool pow2 = k >= E && k <= per_tile && (k & (k - 1)) == 0;
   const bool flat = xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols &&
@@ -569,7 +671,7 @@ void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matri
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0) return;
-  constexpr int E = segment_elements_of<Rule>;
+  constexpr int E = elements_per_thread;
   if (gr == 1 && launch_flat_groups(x, xm, codes, cm, scales, gc, rule, rng, stream)) return;
   if (gr == 1 && gc <= E * threads)
     return launch_segments<E>(x, xm, codes, cm, scales, gc, rule, rng, stream);

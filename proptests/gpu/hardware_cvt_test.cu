@@ -1,7 +1,8 @@
 // Exhaustive on the GPU: every one of the 2^32 float32 inputs converts to e4m3fn and e5m2
 // (nearest-even, saturating) exactly as the GPU's own conversion instruction does (sm_89+:
-// cvt.rn.satfinite.{e4m3,e5m2}x2.f32), and exactly as emu does on the host. Label: gpu,
-// exhaustive. Skips without a device, or on devices older than sm_89.
+// cvt.rn.satfinite.{e4m3,e5m2}x2.f32), and exactly as emu does on the host; the block-wise
+// kernels' reciprocal is correctly rounded on all its arguments. Label: gpu, exhaustive. Skips
+// without a device, or (the conversions) on devices older than sm_89.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/cast.hpp>
+
+#include "../../kernels/blockwise/blockwise_ops.hpp"
 
 #include "gpu_harness.hpp"
 
@@ -42,6 +45,21 @@ __global__ void hardware_kernel(const float* x, std::uint8_t* out, std::uint64_t
 #else
   (void)x, (void)out, (void)n, (void)e5m2;
 #endif
+}
+
+// Counts the v in [2^-22, 2) (float bits lo .. hi - 1) where scaled_divisor's reciprocal differs
+// from the correctly rounded division 1 / v.
+__global__ void reciprocal_diff_kernel(std::uint32_t lo, std::uint32_t hi,
+                                       unsigned long long* count, unsigned long long* first) {
+  for (std::uint32_t b = lo + blockIdx.x * blockDim.x + threadIdx.x; b < hi;
+       b += gridDim.x * blockDim.x) {
+    const float v = __uint_as_float(b);
+    if (__float_as_uint(kernels::blockwise_ops::scaled_divisor::reciprocal(v)) !=
+        __float_as_uint(__fdiv_rn(1.0f, v))) {
+      atomicAdd(count, 1ull);
+      atomicMin(first, static_cast<unsigned long long>(b));
+    }
+  }
 }
 
 __global__ void count_diff_kernel(const std::uint8_t* a, const std::uint8_t* b, std::uint64_t n,
@@ -110,6 +128,18 @@ TEST(gpu_exhaustive, all_floats_match_hardware_cvt_and_emu) {
                             << first_hw;
     EXPECT_EQ(emu_diffs, 0u) << (e5m2 ? "e5m2" : "e4m3fn") << ": GPU codes differing from emu";
   }
+}
+
+TEST(gpu_exhaustive, scaled_divisor_reciprocal_is_correctly_rounded) {
+  LOWBIT_REQUIRE_GPU();
+  gpu_test::device_buffer counts(16);
+  unsigned long long init[2] = {0ull, ~0ull};
+  counts.upload(init, sizeof init);
+  auto* c = static_cast<unsigned long long*>(counts.get());
+  reciprocal_diff_kernel<<<1024, 256>>>(0x34800000u, 0x40000000u, c, c + 1);  // [2^-22, 2)
+  unsigned long long res[2];
+  counts.download(res, sizeof res);
+  EXPECT_EQ(res[0], 0u) << "first differing argument bits 0x" << std::hex << res[1];
 }
 
 }  // namespace

@@ -283,16 +283,23 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
       if (got != want && ++mismatches <= 5)
         ADD_FAILURE() << "codebook " << c << ", t = " << describe_input(t) << ": buckets " << got
                       << ", binary search " << want;
+      // The kernels' entry address for |t| <= 1.
+      for (const std::uint32_t base : {0u, 0x1000u - ops::bucket_bias}) {
+        const std::uint32_t at = ops::bucket_address(base, bits_of(t));
+        if (at != base + 4 * ops::bucket_of(t) + ops::bucket_bias && ++mismatches <= 5)
+          ADD_FAILURE() << "t = " << describe_input(t) << ": address " << at << " from base "
+                        << base << ", bucket " << ops::bucket_of(t);
+      }
     };
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
       const std::uint32_t sign = ops::bucket_sign(u), first = ops::bucket_first(u) | sign;
       const std::uint32_t last = ops::bucket_last(u) | sign;
       // The raw low bits where a one-step bucket's index changes, and their neighbours.
-      const std::uint32_t e = buckets[u], thr = e & 0x3FFFFu;
+      const std::uint32_t e = buckets[u], h = (1u << 24) - (e & 0xFFFFFFu);
       const std::uint32_t step =
-          (e & ops::bucket_walk) != 0 || thr >= ops::bucket_never
+          (e & ops::bucket_step_flag) == 0 || h >= ops::bucket_never
               ? 0u
-              : (sign != 0 ? ops::bucket_never - thr : thr);
+              : (sign != 0 ? ops::bucket_never - h : h);
       const std::uint32_t top = first & ~0x1FFFFu;
       for (std::uint32_t b : {first, first + 1u, last - 0x10000u, last - 1u, last, top | (step - 1u),
                               top | step, top | ((step + 1u) & 0x1FFFFu)}) {
@@ -388,8 +395,7 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
 TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
   namespace ops = lowbit::kernels::blockwise_ops;
   const auto in_bucket0 = [](float t) {
-    const std::uint32_t b = ops::bucket_of(t);
-    return b == 0 || b == ops::buckets_per_sign;
+    return ops::bucket_of(t) < 2;
   };
   std::mt19937_64 g(13);
   int mismatches = 0;
@@ -459,9 +465,8 @@ TEST(blockwise_codebook, simple_buckets_is_conservative) {
     const std::uint32_t zero = ops::nearest_index(tb.sum_hi, tb.sum_lo, 0.0f);
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
       const std::uint32_t e = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
-      if ((e & ops::bucket_walk) != 0) really = false;
-      if ((u == 0 || u == ops::buckets_per_sign) && e != ((zero << 23) | ops::bucket_never))
-        really = false;
+      if ((e & ops::bucket_step_flag) == 0) really = false;
+      if (u < 2 && e != ops::bucket_step_entry(zero, ops::bucket_never)) really = false;
     }
     EXPECT_TRUE(!simple || really) << "codebook " << c << ": simple_buckets says yes, wrongly";
     if (c == 0) {
