@@ -83,6 +83,9 @@ struct codebook_rule {
   // Shared-memory address of the bucket table (after to_shared; a multiple of 16) less
   // ops::bucket_bias (a multiple of 16 too): the base of ops::bucket_address.
   std::uint32_t bucket_base = 0;
+  // 1 and -4 as kernel parameters, whose values the compiler does not see, so that the
+  // address arithmetic of element() stays multiply-adds.
+  std::uint32_t one = 1, minus_4 = static_cast<std::uint32_t>(-4);
   __device__ codebook_rule to_shared() const {
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     const auto* src = reinterpret_cast<const uint4*>(blob);
@@ -119,13 +122,18 @@ struct codebook_rule {
     if constexpr (S == search::stochastic) {
       return ops::stochastic_index(tb->value, t, rbits);
     } else {
+      // ops::bucket_address(bucket_base, bits) and, for simple tables, ops::step_bucket_word,
+      // with the sign mask and the sign's offset as integer multiply-adds (the high word of
+      // bits * 1; base - 4 * mask), so that the element's integer work is split between the
+      // integer pipe and the multiply-add pipe.
       const std::uint32_t bits = __float_as_uint(t);
-      std::uint32_t e;
-      asm volatile("ld.shared.u32 %0, [%1];"
-                   : "=r"(e)
-                   : "r"(ops::bucket_address(bucket_base, bits)));
+      std::uint32_t sign_mask, base, e;
+      asm("mul.hi.s32 %0, %1, %2;" : "=r"(sign_mask) : "r"(bits), "r"(one));
+      asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(base) : "r"(sign_mask), "r"(minus_4), "r"(bucket_base));
+      const std::uint32_t m = max(bits & 0x7FFE0000u, ops::bucket_floor);
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(base + (m >> 14)));
       if constexpr (S == search::simple)
-        return ops::step_bucket_word(e, bits);
+        return e + ((bits ^ sign_mask) & 0x1FFFFu);  // ops::step_bucket_word
       else
         return ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
     }

@@ -262,14 +262,18 @@ struct block_divisor {
 // t = x / a for the elements x of one block (|x| <= a, a > 0 finite), as the CUDA kernels of
 // codebooks with simple_buckets compute it, without a branch: x and a scaled by the same power of
 // two s so that a' = a s lies in [1, 2) (s = 2^-e for a = 1.m 2^e normal; for subnormal a,
-// s = 2^127 and a' in [2^-22, 1)), then block_divisor's reciprocal and two corrections. Where
-// |x s| >= 2^-79 the result is the correctly rounded x / a (block_divisor's argument: a' lies in
-// its range, and the scaling is exact for |x s| >= 2^-126). Below, the result is below 2^-57 in
-// magnitude, as x / a is: both fall in a bucket 0, whose index simple_buckets has shown to be
-// that of zero for either sign. `blockwise_codebook.scaled_divisor_buckets_equal_division`
-// checks this.
+// s = 2^127 and a' in [2^-22, 1)); the reciprocal of a' as an unevaluated pair y + y_lo with
+// y = RN(1/a') and y_lo = RN((1 - a' y) y), within about 2^-46 of 1/a' relatively; then
+// q0 = RN(xs y + RN(xs y_lo)), within 2^-46 relatively of xs / a' before its own rounding, so
+// faithful (within one ulp of the quotient); and one correction q = RN(q0 + r y) with the
+// remainder r = xs - a' q0, exact by a fused multiply-add, which rounds correctly (Markstein's
+// theorem for a correctly rounded reciprocal and a faithful quotient). Where |x s| >= 2^-79 the
+// result is the correctly rounded x / a (no product falls into the subnormals, and the scaling
+// is exact for |x s| >= 2^-126). Below, the result is below 2^-57 in magnitude, as x / a is:
+// both fall in a bucket 0, whose index simple_buckets has shown to be that of zero for either
+// sign. `blockwise_codebook.scaled_divisor_buckets_equal_division` checks this.
 struct scaled_divisor {
-  float s, a, y;
+  float s, a, y, y_lo;
   LOWBIT_HD LOWBIT_INLINE static scaled_divisor make(float a) {
     // s = 2^(127 - field) for a's exponent field (a > 0 finite): 2^127 for subnormal a (field 0),
     // 2^126 down to 2^-126, and 2^-127 (a subnormal float, exact) for field 254, the clamp.
@@ -277,7 +281,8 @@ struct scaled_divisor {
     const std::uint32_t s_bits = (254u << 23) - field_bits;
     const float s = bit_cast<float>(s_bits < 0x00400000u ? 0x00400000u : s_bits);
     const float as = a * s;  // in [1, 2), or [2^-22, 1) for subnormal a
-    return {s, as, reciprocal(as)};
+    const float y = reciprocal(as);
+    return {s, as, y, block_divisor::fma_rn(-as, y, 1.0f) * y};
   }
   // RN(1 / v) for v in [2^-22, 2): the division on the host; on the GPU the hardware
   // approximation and one Newton step, the fast path of the compiler's correctly rounded
@@ -294,9 +299,8 @@ struct scaled_divisor {
   }
   LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
     const float xs = x * s;
-    const float q0 = xs * y;
-    const float q1 = block_divisor::fma_rn(block_divisor::fma_rn(-a, q0, xs), y, q0);
-    return block_divisor::fma_rn(block_divisor::fma_rn(-a, q1, xs), y, q1);
+    const float q0 = block_divisor::fma_rn(xs, y, xs * y_lo);
+    return block_divisor::fma_rn(block_divisor::fma_rn(-a, q0, xs), y, q0);
   }
 };
 

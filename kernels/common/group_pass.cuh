@@ -163,6 +163,19 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
   return max(static_cast<std::uint32_t>(s[0]) & 0x7FFFFFFFu, u[0] & 0x7FFFFFFFu);
 }
 
+// The maximum of v over the aligned 2^gl lanes of this lane's group (all 32 for gl >= 5): a
+// whole-warp group by one warp reduction on sm_80+ (its result is warp-uniform; groups within a
+// warp would take the instruction's slow, divergent form), smaller groups by shuffles.
+__device__ __forceinline__ std::uint32_t lanes_max(std::uint32_t v, int gl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (gl >= 5) return __reduce_max_sync(0xFFFFFFFFu, v);
+#endif
+#pragma unroll
+  for (int l = 0; l < 5; ++l)
+    if (l < gl) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1 << l));
+  return v;
+}
+
 // bar.sync on named barrier `id` (1-15; __syncthreads uses 0) by `count` threads (whole warps).
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(count) : "memory");
@@ -418,10 +431,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
   // elements from base + tid * E on; called by every thread of the block (the reduction may
   // synchronize). `full`: the tile lies inside n.
   const auto encode = [&](std::int64_t base, const float (&v)[E], bool full) {
-    std::uint32_t m = abs_max_bits(v);
-#pragma unroll
-    for (int l = 0; l < 5; ++l)
-      if (l < gl) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1 << l));
+    std::uint32_t m = lanes_max(abs_max_bits(v), gl);
     if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or all 8 warps
       // A warp's next write to this half of part[] comes after the group's next barrier, which
       // every warp of the group reaches only after reading this half.
