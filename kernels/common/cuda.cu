@@ -23,18 +23,11 @@ namespace {
 // Attribute A of the current device, asked once per device.
 template <cudaDeviceAttr A>
 int cached_attribute() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  int dev = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<int>(cache.size()) <= dev) cache.resize(static_cast<std::size_t>(dev) + 1, 0);
-  if (cache[static_cast<std::size_t>(dev)] == 0) {
+  return once_per_device([](int dev) {
     int n = 0;
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, A, dev));
-    cache[static_cast<std::size_t>(dev)] = n;
-  }
-  return cache[static_cast<std::size_t>(dev)];
+    return n;
+  });
 }
 }  // namespace
 

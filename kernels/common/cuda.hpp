@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -48,6 +49,24 @@ class scratch {
   void* p_ = nullptr;
   cudaStream_t stream_;
 };
+
+// A positive value of the current device, computed once per device by compute(device) and
+// kept per call site (each lambda type has its own cache); lock-free: two threads may both
+// compute it, with the same result. Devices past the 64th are not cached.
+template <class Compute>
+int once_per_device(Compute compute) {
+  constexpr int max_devices = 64;
+  static std::atomic<int> known[max_devices] = {};  // 0: not computed yet
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < max_devices) {
+    const int k = known[dev].load(std::memory_order_relaxed);
+    if (k > 0) return k;
+  }
+  const int v = compute(dev);
+  if (dev < max_devices) known[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();

@@ -19,7 +19,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "../cast/cast_ops.hpp"
@@ -552,22 +551,17 @@ __global__ void __launch_bounds__(threads, min_blocks)
 // second wave runs.
 template <auto kernel>
 int resident_blocks(int block_threads, int smem) {
-  constexpr int max_devices = 64;
-  static std::atomic<int> known[max_devices] = {};  // 0: not asked yet
-  int dev = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < max_devices && known[dev].load(std::memory_order_relaxed) > 0)
-    return known[dev].load(std::memory_order_relaxed);
-  // Opted in whatever the size: a kernel's static shared memory counts against the default
-  // 48 KiB too.
-  if (smem > 0)
+  return once_per_device([&](int) {
+    // Opted in whatever the size: a kernel's static shared memory counts against the default
+    // 48 KiB too.
+    if (smem > 0)
+      LOWBIT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = 0;
     LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  int n = 0;
-  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
-  n = std::max(n, 1);
-  if (dev < max_devices) known[dev].store(n, std::memory_order_relaxed);
-  return n;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
+    return std::max(n, 1);
+  });
 }
 
 inline int log2_ceil(std::int64_t v) {
@@ -589,32 +583,26 @@ struct staging {
 };
 template <auto kernel>
 staging staging_for(int offset, int bytes) {
-  constexpr int max_devices = 64;
-  static std::atomic<int> known[max_devices] = {};  // stages * 4096 + blocks; 0: not asked yet
-  int dev = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < max_devices) {
-    const int k = known[dev].load(std::memory_order_relaxed);
-    if (k > 0) return {k / 4096, k % 4096};
-  }
-  staging best{1, 0};
-  bool opted = false;
-  for (int s = 3; s >= 1; --s) {
-    const int smem = offset + s * bytes;
-    if (smem > max_shared_per_block() || (s == 1 && best.blocks > 0)) continue;
-    if (!opted) {  // the largest that fits: every smaller size is allowed then too
-      LOWBIT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      opted = true;
+  const int k = once_per_device([&](int) {  // stages * 4096 + blocks
+    staging best{1, 0};
+    bool opted = false;
+    for (int s = 3; s >= 1; --s) {
+      const int smem = offset + s * bytes;
+      if (smem > max_shared_per_block() || (s == 1 && best.blocks > 0)) continue;
+      if (!opted) {  // the largest that fits: every smaller size is allowed then too
+        LOWBIT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        opted = true;
+      }
+      int n = 0;
+      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+      if (n > best.blocks) best = {s, n};
     }
-    int n = 0;
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    if (n > best.blocks) best = {s, n};
-  }
-  if (best.blocks == 0)
-    throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
-  if (dev < max_devices) known[dev].store(best.stages * 4096 + best.blocks, std::memory_order_relaxed);
-  return best;
+    if (best.blocks == 0)
+      throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
+    return best.stages * 4096 + best.blocks;
+  });
+  return {k / 4096, k % 4096};
 }
 
 // Launches flat_group_kernel when the problem is flat groups (see there) and the pointers allow
