@@ -135,6 +135,9 @@ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
 // also fit four blocks per SM with two stages).
 constexpr int elements_per_thread = 16;
 constexpr int min_blocks = 4;
+// Threads of the flat kernel's blocks: one block per SM, so that the rules' shared tables are
+// held once per SM and the stages get the rest (its warps run independently; see there).
+constexpr int flat_threads = 1024;
 
 // The maximum of |v[i]| as bits (abs_bits), in fewer operations and a shorter chain than a loop
 // over abs_bits: as signed integers the largest bits are those of the largest |v| among the
@@ -175,9 +178,44 @@ __device__ __forceinline__ std::uint32_t lanes_max(std::uint32_t v, int gl) {
   return v;
 }
 
-// bar.sync on named barrier `id` (1-15; __syncthreads uses 0) by `count` threads (whole warps).
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(count) : "memory");
+// The flat kernel's meeting of a group's warps: an mbarrier in shared memory (sm_80+), with one
+// arrival per warp (lane 0, after its part[] write, which the arrival releases) and a wait by
+// every lane for the phase of the given parity (which acquires the other warps' writes).
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;"
+               :
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(bar))), "r"(count)
+               : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}"
+               :
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+#else
+  (void)bar;
+#endif
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto at = static_cast<std::uint32_t>(__cvta_generic_to_shared(bar));
+  std::uint32_t done = 0;
+  do {  // (try_wait, which suspends the warp for a while, measured slower here)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(at), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#else
+  (void)bar, (void)parity;
+#endif
 }
 
 // Byte B of c0 .. c3 as one word, by byte permutes (which select a byte where it lies).
@@ -389,12 +427,14 @@ __global__ void __launch_bounds__(threads, min_blocks)
 }
 
 // Flat groups: rows that are one contiguous array (a single row, or rows without padding whose
-// length is a multiple of k) cut into groups of k = 2^k_log2 consecutive elements, E <= k <= the
-// tile (the OCP MX blocks, the block-wise codebooks' blocks, rows of a power-of-two length). A
-// tile of threads * E elements gives each thread E consecutive elements, so a group is 2^gl
-// adjacent threads (gl = k_log2 - log2 E): its amax by shuffles, beyond a warp through shared
-// memory and a named barrier of the group's warps only, and the per-group work (scale, stored
-// value) once per thread.
+// length is a multiple of k) cut into groups of k = 2^k_log2 consecutive elements, E <= k <= 4096
+// (the OCP MX blocks, the block-wise codebooks' blocks, rows of a power-of-two length). One block
+// of flat_threads per SM: a tile of flat_threads * E elements gives each thread E consecutive
+// elements, so a group is 2^gl adjacent threads (gl = k_log2 - log2 E): its amax by shuffles or
+// a warp reduction, beyond a warp through shared memory and an mbarrier of the group's warps
+// only, and the per-group work (scale, stored value) once per thread. With one block per SM, a
+// rule's shared tables are held once per SM, and the stages take the rest (three of 64 KiB for
+// float32 on the H200: two tiles in flight beside the one being encoded).
 //
 // Each warp stages its own span of the tile (32 E elements) in 16-byte pieces: piece c of the
 // span is copied by lane c % 32, so every warp-wide copy covers one contiguous 512-byte span,
@@ -405,7 +445,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
 // warps of a block run through the tiles independently. Full tiles are staged `stages - 1` tiles
 // ahead as in segment_kernel; the last, partial tile (if any) is loaded element by element.
 template <class Rule, class In, class Code>
-__global__ void __launch_bounds__(threads, min_blocks)
+__global__ void __launch_bounds__(flat_threads, 1)
     flat_group_kernel(const In* __restrict__ x, Code* __restrict__ codes,
                       typename Rule::scale_type* __restrict__ scales, std::int64_t n, int k_log2,
                       int stages, Rule rule_in, emu::random_stream rng) {
@@ -415,39 +455,60 @@ __global__ void __launch_bounds__(threads, min_blocks)
   static_assert(P >= 2 && P <= 8 && (P & (P - 1)) == 0, "2, 4 or 8 pieces per thread");
   constexpr int per_store = 16 / static_cast<int>(sizeof(Code));  // codes per 16-byte store
   static_assert(E % per_store == 0 && E % 4 == 0);
-  constexpr std::int64_t per_tile = std::int64_t{threads} * E;
+  constexpr std::int64_t per_tile = std::int64_t{flat_threads} * E;
   using piece = vec<In, per_piece>;
   const Rule rule = in_shared(rule_in);
   // Warp maxima of groups that span warps, by the parity of the warps' encode() calls: a warp
-  // writes one half while the slowest warp of its group may still read the other.
-  __shared__ __align__(16) std::uint32_t part[2][threads / 32];
+  // writes one half while the slowest warp of its group may still read the other. The group's
+  // warps meet at an mbarrier of the group and parity (sm_80+; one arrival per warp), before
+  // sm_80 at a barrier of the whole block (every warp encodes every tile).
+  constexpr int warps = flat_threads / 32;
+  __shared__ __align__(16) std::uint32_t part[2][warps];
+  __shared__ std::uint64_t arrived[2][warps / 2];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gl = k_log2 - log2_of(E);  // log2 of the threads per group
+  const int group_warps_log2 = gl > 5 ? gl - 5 : 0;
   const std::int64_t full_tiles = n / per_tile;
   int parity = 0;
+  unsigned phases = 0;  // bit p: the phase parity that the next wait on arrived[p][.] expects
+  if (gl > 5) {  // block-uniform
+    if (tid < warps)
+      mbarrier_init(&arrived[tid / (warps / 2)][tid % (warps / 2)], 1u << group_warps_log2);
+    __syncthreads();
+  }
 
   // The thread's group maximum from its elements, the group's scale and the codes of its E
   // elements from base + tid * E on; called by every thread of the block (the reduction may
   // synchronize). `full`: the tile lies inside n.
   const auto encode = [&](std::int64_t base, const float (&v)[E], bool full) {
     std::uint32_t m = lanes_max(abs_max_bits(v), gl);
-    if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or all 8 warps
-      // A warp's next write to this half of part[] comes after the group's next barrier, which
+    if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or 8 warps
+      // A warp's next write to this half of part[] comes after the group's next meeting, which
       // every warp of the group reaches only after reading this half.
       std::uint32_t* const half = part[parity];
-      parity ^= 1;
+      const int first = warp & ~((1 << group_warps_log2) - 1);  // the group's first warp
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      std::uint64_t* const bar = &arrived[parity][warp >> group_warps_log2];
+      if (lane == 0) {
+        half[warp] = m;
+        mbarrier_arrive(bar);
+      }
+      mbarrier_wait(bar, (phases >> parity) & 1u);
+      phases ^= 1u << parity;
+#else
       if (lane == 0) half[warp] = m;
-      const int group_warps_log2 = gl - 5;
-      named_barrier(1 + (warp >> group_warps_log2), 32 << group_warps_log2);
+      __syncthreads();
+#endif
+      parity ^= 1;
       if (gl == 6) {
-        const uint2 w = *reinterpret_cast<const uint2*>(half + (warp & 6));
+        const uint2 w = *reinterpret_cast<const uint2*>(half + first);
         m = max(w.x, w.y);
       } else if (gl == 7) {
-        const uint4 w = *reinterpret_cast<const uint4*>(half + (warp & 4));
+        const uint4 w = *reinterpret_cast<const uint4*>(half + first);
         m = max(max(w.x, w.y), max(w.z, w.w));
       } else {
-        const uint4 lo = *reinterpret_cast<const uint4*>(half);
-        const uint4 hi = *reinterpret_cast<const uint4*>(half + 4);
+        const uint4 lo = *reinterpret_cast<const uint4*>(half + first);
+        const uint4 hi = *reinterpret_cast<const uint4*>(half + first + 4);
         m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
       }
     }
@@ -502,7 +563,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
   const auto stage_in = [&](std::int64_t tile, int s) {  // one copy group, empty past the tiles
     if (tile < full_tiles) {
       const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile) + warp * span + lane;
-      piece* dst = stage0 + s * (threads * P) + copy_slot;
+      piece* dst = stage0 + s * (flat_threads * P) + copy_slot;
 #pragma unroll
       for (int i = 0; i < P; ++i) copy_async<16>(dst + i * 32, src + i * 32);
     }
@@ -526,7 +587,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
       stage_in(next_tile, s_write);
       next_tile += gridDim.x;
     }
-    const piece* const stage = stage0 + s_read * (threads * P);
+    const piece* const stage = stage0 + s_read * (flat_threads * P);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const piece w = stage[read_slot ^ j];
@@ -582,8 +643,8 @@ struct staging {
   int stages, blocks;
 };
 template <auto kernel>
-staging staging_for(int offset, int bytes) {
-  const int k = once_per_device([&](int) {  // stages * 4096 + blocks
+staging staging_for(int offset, int bytes, int block_threads = threads) {
+  const int k = once_per_device([&](int) {  // stages * 4096 + blocks; 4095: none fits
     staging best{1, 0};
     bool opted = false;
     for (int s = 3; s >= 1; --s) {
@@ -595,14 +656,13 @@ staging staging_for(int offset, int bytes) {
         opted = true;
       }
       int n = 0;
-      LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+      LOWBIT_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
       if (n > best.blocks) best = {s, n};
     }
-    if (best.blocks == 0)
-      throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
-    return best.stages * 4096 + best.blocks;
+    return best.blocks == 0 ? 4095 : best.stages * 4096 + best.blocks;
   });
-  return {k / 4096, k % 4096};
+  return k == 4095 ? staging{0, 0} : staging{k / 4096, k % 4096};
 }
 
 // Launches flat_group_kernel when the problem is flat groups (see there) and the pointers allow
@@ -612,20 +672,22 @@ bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const 
                         typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                         const emu::random_stream& rng, cudaStream_t stream) {
   constexpr int E = elements_per_thread;
-  constexpr std::int64_t per_tile = std::int64_t{threads} * E;
-  const bool pow2 = k >= E && k <= per_tile && (k & (k - 1)) == 0;
+  constexpr std::int64_t per_tile = std::int64_t{flat_threads} * E;
+  const bool pow2 = k >= E && k <= 4096 && (k & (k - 1)) == 0;
   const bool flat = xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols &&
                                      xm.cols % k == 0);
   if (!pow2 || !flat || !aligned_to<In>(x, 16) || !aligned_to<Code>(codes, 16)) return false;
   const std::int64_t n = xm.rows * xm.cols;
-  constexpr int bytes = stage_bytes<E, In>;
+  constexpr int bytes = flat_threads * E * static_cast<int>(sizeof(In));
   constexpr auto kernel = flat_group_kernel<Rule, In, Code>;
-  const staging st = staging_for<kernel>(staging_offset<Rule>, bytes);
+  const staging st = staging_for<kernel>(staging_offset<Rule>, bytes, flat_threads);
+  if (st.stages == 0) return false;  // a block does not fit: the segment kernel
   const int smem = staging_offset<Rule> + st.stages * bytes;
   const std::int64_t tiles = (n + per_tile - 1) / per_tile;
   const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
   const unsigned grid = static_cast<unsigned>(std::min(tiles, resident));
-  kernel<<<grid, threads, smem, stream>>>(x, codes, scales, n, log2_ceil(k), st.stages, rule, rng);
+  kernel<<<grid, flat_threads, smem, stream>>>(x, codes, scales, n, log2_ceil(k), st.stages, rule,
+                                               rng);
   check_launch("flat_group_kernel");
   return true;
 }
@@ -644,6 +706,8 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
   const int by = threads / bx;
   constexpr auto kernel = segment_kernel<E, Rule, In, Code>;
   const staging st = staging_for<kernel>(staging_offset<Rule>, stage_bytes<E, In>);
+  if (st.stages == 0)
+    throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
   const int stages = st.stages, smem = staging_offset<Rule> + stages * stage_bytes<E, In>;
   // As many blocks as fit on the device at once, each walking its share of the segments.
   const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
