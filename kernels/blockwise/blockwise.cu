@@ -4,9 +4,9 @@
 //   quantize   : the group pass of common/group_pass.cuh (its flat kernel: 16 consecutive
 //                elements per thread staged through shared memory, amax by shuffles and
 //                across warps), each element's nearest entry found through a bucket
-//                table of the codebook (blockwise_ops.hpp) built on the device per call and
-//                copied into each thread block's shared memory. Nested: the same pass runs
-//                again over the float absmax values (blocks of 256).
+//                table of the codebook (blockwise_ops.hpp) that each thread block builds in
+//                its shared memory from the codebook in the kernel's parameters. Nested: the
+//                same pass runs again over the float absmax values (blocks of 256).
 //   dequantize : the element-wise map (16-byte stores), the codebook in shared memory, the
 //                absmax values through the read-only cache.
 //   (SRAM-quantiles: quantiles.cu)
@@ -27,36 +27,16 @@ namespace {
 
 namespace ops = blockwise_ops;
 
-__global__ void buckets_kernel(const ops::tables* __restrict__ tb,
-                               std::uint32_t* __restrict__ buckets) {
-  const std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x;
-  if (u < ops::bucket_count)
-    buckets[u] = ops::bucket_entry(tb->sum_hi, tb->sum_lo, u);
-}
-
-// The codebook tables with their bucket table (blockwise_ops.hpp) as one 16-byte aligned blob in
-// device memory, built on the caller's stream for one call; the kernels copy it into shared
-// memory (their lookups are data dependent: shared memory serves them at far more lookups per
-// cycle than the L1 cache).
+// The codebook tables with their bucket table (blockwise_ops.hpp) in each thread block's shared
+// memory, where the kernels' lookups go (data dependent: shared memory serves them at far more
+// lookups per cycle than the L1 cache): the tables first, then the bucket table, 16-byte
+// aligned.
 constexpr int tables_bytes = (sizeof(ops::tables) + 15) / 16 * 16;
 static_assert(ops::bucket_bias % 16 == 0, "the bucket table's base less the bias stays 16-aligned");
 constexpr int blob_bytes =
     tables_bytes + (static_cast<int>(sizeof(std::uint32_t) * ops::bucket_count) + 15) / 16 * 16;
-
-class device_codebook {
-public:
-  device_codebook(const ops::tables& tb, cudaStream_t stream) : mem_(blob_bytes, stream) {
-    LOWBIT_CUDA_CHECK(
-        cudaMemcpyAsync(mem_.as<ops::tables>(), &tb, sizeof(ops::tables), cudaMemcpyHostToDevice, stream));
-    buckets_kernel<<<(ops::bucket_count + 255) / 256, 256, 0, stream>>>(
-        mem_.as<ops::tables>(), reinterpret_cast<std::uint32_t*>(mem_.as<unsigned char>() + tables_bytes));
-    check_launch("blockwise buckets_kernel");
-  }
-  const unsigned char* blob() const { return mem_.as<unsigned char>(); }
-
-private:
-  scratch mem_;
-};
+static_assert(sizeof(ops::tables) % 4 == 0 && sizeof(ops::tables) <= 3584,
+              "the tables travel in the kernels' parameters (4 KiB with the rest)");
 
 // How a kernel finds each element's code: the nearest entry through buckets whose table is
 // simple (ops::simple_buckets: one step at most per bucket, nothing below 2^-32 changes the
@@ -66,41 +46,25 @@ enum class search { simple, buckets, stochastic };
 
 // Block-wise quantization as a group rule (common/group_pass.cuh): the stored absmax, and each
 // element's code, exactly ops::encode. The division by the block's absmax goes through one
-// reciprocal per block (ops::scaled_divisor for simple tables, with no branch per element;
-// ops::block_divisor otherwise), the nearest entry through the bucket table.
+// reciprocal per block (ops::scaled_divisor for simple tables, with no branch per element: its
+// folded form, and the scaled one for the few blocks that are slow; ops::block_divisor
+// otherwise), the nearest entry through the bucket table.
 template <search S>
 struct codebook_rule {
   using scale_type = float;
   using divisor = std::conditional_t<S == search::simple, ops::scaled_divisor, ops::block_divisor>;
-  static constexpr int shared_bytes = blob_bytes;
   struct group {
     std::uint32_t amax;
     divisor div;
     bool poisoned;
   };
-  const unsigned char* blob;  // device memory; the kernels read the copy in group_shared()
   std::uint32_t zero_code;
-  // Shared-memory address of the bucket table (after to_shared; a multiple of 16) less
-  // ops::bucket_bias (a multiple of 16 too): the base of ops::bucket_address.
-  std::uint32_t bucket_base = 0;
-  // 1 and -4 as kernel parameters, whose values the compiler does not see, so that the
-  // address arithmetic of element() stays multiply-adds.
-  std::uint32_t one = 1, minus_4 = static_cast<std::uint32_t>(-4);
-  __device__ codebook_rule to_shared() const {
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-    const auto* src = reinterpret_cast<const uint4*>(blob);
-    auto* dst = reinterpret_cast<uint4*>(group_pass::group_shared());
-    for (int j = tid; j < blob_bytes / 16; j += nt)
-      dst[j] = __ldg(src + j);
-    codebook_rule r = *this;
-    // Through an opaque move: the compiler then keeps the address in a register instead of
-    // recomputing the shared window's base for every element.
-    const auto at = static_cast<std::uint32_t>(
-                        __cvta_generic_to_shared(group_pass::group_shared() + tables_bytes)) -
-                    ops::bucket_bias;
-    asm volatile("mov.b32 %0, %1;" : "=r"(r.bucket_base) : "r"(at));
-    return r;
-  }
+  // Shared-memory address of the bucket table (a multiple of 16) less ops::bucket_bias (a
+  // multiple of 16 too): the base of ops::signed_base.
+  std::uint32_t bucket_base;
+  // 1 and -4 from the kernels' parameters, whose values the compiler does not see, so that the
+  // address arithmetic of code() stays multiply-adds.
+  std::uint32_t one, minus_4;
   __device__ group begin(std::uint32_t amax_bits) const {
     // An all-zero block keeps x (ops::normalized): dividing by 1 does. A poisoned block (NaN or
     // Inf inside) is uniform (zero_code), so element() sees only blocks with finite elements,
@@ -116,29 +80,74 @@ struct codebook_rule {
     return g.poisoned;
   }
   __device__ float stored(const group& g) const { return ops::stored_absmax(g.amax); }
+  // Simple tables: the blocks whose absmax the folded form of the divisor does not serve are
+  // slow (group_pass.cuh), so that element() carries no test of it per element.
+  __device__ bool slow(const group& g) const requires(S == search::simple) { return !g.div.folded; }
   __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
-    const auto* tb = reinterpret_cast<const ops::tables*>(group_pass::group_shared());
-    const float t = g.div(x);
-    if constexpr (S == search::stochastic) {
-      return ops::stochastic_index(tb->value, t, rbits);
-    } else {
-      // ops::bucket_address(bucket_base, bits) and, for simple tables, ops::step_bucket_word,
-      // with the sign mask and the sign's offset as integer multiply-adds (the high word of
-      // bits * 1; base - 4 * mask), so that the element's integer work is split between the
-      // integer pipe and the multiply-add pipe.
-      const std::uint32_t bits = __float_as_uint(t);
-      std::uint32_t sign_mask, base, e;
-      asm("mul.hi.s32 %0, %1, %2;" : "=r"(sign_mask) : "r"(bits), "r"(one));
-      asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(base) : "r"(sign_mask), "r"(minus_4), "r"(bucket_base));
-      const std::uint32_t m = max(bits & 0x7FFE0000u, ops::bucket_floor);
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(base + (m >> 14)));
-      if constexpr (S == search::simple)
-        return e + ((bits ^ sign_mask) & 0x1FFFFu);  // ops::step_bucket_word
-      else
-        return ops::nearest_in_bucket(e, tb->sum_hi, tb->sum_lo, t);
-    }
+    if constexpr (S == search::simple)
+      return code(g.div.folded_quotient(x));
+    else if constexpr (S == search::stochastic)
+      return ops::stochastic_index(tables()->value, g.div(x), rbits);
+    else
+      return code(g.div(x));
+  }
+  __device__ std::uint32_t slow_element(const group& g, float x, std::uint32_t) const
+      requires(S == search::simple) {
+    return code(g.div.scaled(x));
+  }
+  // The nearest entry's code of t through the bucket table, for simple tables the step word
+  // (the code in bits 24-31). The sign mask and the sign's base are multiply-adds (with the rule's
+  // one and minus_4), so that the element's integer work is split between the integer pipe and
+  // the multiply-add pipe.
+  __device__ std::uint32_t code(float t) const {
+    const std::uint32_t bits = __float_as_uint(t);
+    const std::uint32_t mask = ops::sign_mask(bits, one);
+    const std::uint32_t at = ops::entry_address(ops::signed_base(bucket_base, mask, minus_4), bits);
+    std::uint32_t e;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(at));
+    if constexpr (S == search::simple)
+      return ops::step_bucket_word(e, bits, mask);
+    else
+      return ops::nearest_in_bucket(e, tables()->sum_hi, tables()->sum_lo, t);
+  }
+  static __device__ const ops::tables* tables() {
+    return reinterpret_cast<const ops::tables*>(group_pass::group_shared());
   }
   static constexpr bool stochastic() { return S == search::stochastic; }
+};
+
+// The kernels' parameter (a group rule with shared tables, common/group_pass.cuh): the codebook's
+// tables travel in it, read in place (__grid_constant__), so that a call is one kernel launch
+// with nothing to copy or allocate first. to_shared() copies them into the thread block's shared
+// memory, builds the bucket table there (ops::bucket_entry, about four entries per thread of a
+// flat-kernel block, while its first tiles stream in), and returns the rule above.
+template <search S>
+struct codebook_params {
+  using scale_type = float;
+  static constexpr int shared_bytes = blob_bytes;
+  static constexpr int code_byte = codebook_rule<S>::code_byte;
+  ops::tables tb;
+  std::uint32_t zero_code;
+  std::uint32_t one = 1, minus_4 = static_cast<std::uint32_t>(-4);
+  __device__ codebook_rule<S> to_shared() const {
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    unsigned char* const smem = group_pass::group_shared();
+    const auto* src = reinterpret_cast<const std::uint32_t*>(&tb);
+    auto* dst = reinterpret_cast<std::uint32_t*>(smem);
+    for (int j = tid; j < static_cast<int>(sizeof(ops::tables) / 4); j += nt)
+      dst[j] = src[j];
+    if constexpr (S != search::stochastic) {  // (stochastic rounding searches the entries)
+      __syncthreads();
+      const auto* t = reinterpret_cast<const ops::tables*>(smem);
+      auto* buckets = reinterpret_cast<std::uint32_t*>(smem + tables_bytes);
+      for (int u = tid; u < static_cast<int>(ops::bucket_count); u += nt)
+        buckets[u] = ops::bucket_entry(t->sum_hi, t->sum_lo, static_cast<std::uint32_t>(u));
+    }
+    // The base through an opaque move: the compiler then keeps it in a register instead of
+    // recomputing the shared window's base for every element.
+    const std::uint32_t base = kept(shared_address(smem + tables_bytes) - ops::bucket_bias);
+    return {zero_code, base, one, minus_4};
+  }
 };
 
 template <class In>
@@ -147,17 +156,18 @@ void launch_quantize(const In* x, std::int64_t n, std::int64_t block, std::uint8
                      const emu::random_stream& rng, cudaStream_t stream) {
   if (n == 0)
     return;
-  const device_codebook cb(tb, stream);
   const matrix_shape flat{1, n, n};
-  const auto run = [&](auto rule) {
-    launch_groups(x, flat, codes, flat, absmax, 1, block, rule, rng, stream);
+  const auto run = [&](auto params) {
+    params.tb = tb;
+    params.zero_code = zero_code;
+    launch_groups(x, flat, codes, flat, absmax, 1, block, params, rng, stream);
   };
   if (stochastic)
-    run(codebook_rule<search::stochastic>{cb.blob(), zero_code});
+    run(codebook_params<search::stochastic>{});
   else if (ops::simple_buckets(tb))
-    run(codebook_rule<search::simple>{cb.blob(), zero_code});
+    run(codebook_params<search::simple>{});
   else
-    run(codebook_rule<search::buckets>{cb.blob(), zero_code});
+    run(codebook_params<search::buckets>{});
 }
 
 // Dequantization in the element-wise map: out[i] = cb[codes[i]] * a[i / block], the codebook(s)

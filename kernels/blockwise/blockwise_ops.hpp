@@ -116,13 +116,29 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
 
 // base + 4 bucket_of(t) + bucket_bias for |t| <= 1 and base a multiple of 8 (32-bit wrapping
 // arithmetic): the kernels' address of t's entry, with base the table's address less
-// bucket_bias. The low 17 bits are cleared before the clamp, and the sign's 4 joins base by an OR.
+// bucket_bias. In parts, which the kernels compute as they suit the GPU's pipes: t's sign as a
+// mask (all ones for negative t), the high word of bits * one (one = 1, a multiply-add there);
+// the base of t's sign, base - 4 * mask for one minus_4 = -4 (base + 4 for negative t: the signs'
+// buckets interleave); and the entry's address from it (the low 17 bits cleared before the
+// clamp).
 inline constexpr std::uint32_t bucket_bias = bucket_floor >> 14;
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_address(std::uint32_t base,
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t sign_mask(std::uint32_t bits, std::uint32_t one = 1) {
+  return static_cast<std::uint32_t>(
+      (static_cast<std::int64_t>(static_cast<std::int32_t>(bits)) * static_cast<std::int32_t>(one)) >>
+      32);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t signed_base(std::uint32_t base, std::uint32_t mask,
+                                                             std::uint32_t minus_4 = ~3u) {
+  return base + mask * minus_4;
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t entry_address(std::uint32_t sbase,
                                                                std::uint32_t bits) {
   const std::uint32_t m = bits & 0x7FFE0000u;
-  const std::uint32_t sign_mask = static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31);
-  return (base | (sign_mask & 4u)) + ((m < bucket_floor ? bucket_floor : m) >> 14);
+  return sbase + ((m < bucket_floor ? bucket_floor : m) >> 14);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_address(std::uint32_t base,
+                                                               std::uint32_t bits) {
+  return entry_address(signed_base(base, sign_mask(bits)), bits);
 }
 
 // The smallest and largest |t| bits of bucket u, and its sign bit.
@@ -137,9 +153,12 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_last(std::uint32_t u) {
   return bucket_floor + ((u >> 1) << 17) + 0x1FFFFu;
 }
 
-// The low 17 bits of t, mirrored for negative t.
+// The low 17 bits of t, mirrored for negative t (given t's sign_mask).
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_low(std::uint32_t bits, std::uint32_t mask) {
+  return (bits ^ mask) & 0x1FFFFu;
+}
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_low(std::uint32_t bits) {
-  return (bits ^ static_cast<std::uint32_t>(static_cast<std::int32_t>(bits) >> 31)) & 0x1FFFFu;
+  return bucket_low(bits, sign_mask(bits));
 }
 
 // Table entry of bucket u (above).
@@ -155,10 +174,19 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
   const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
   if (hi - lo > 1 || first == 0)
     return bucket_walk_entry(lo, hi);
-  std::uint32_t below = 0, at = 0x1FFFFu;  // index_of(first | below) == i0 != index_of(first | at)
+  // Inside the bucket the index is lo + (t above midpoint lo): nearest_index counts the
+  // midpoints below t, all those before lo are below both ends, none after lo above either. So
+  // the index is i0 where that comparison says as much as it does at `first`: false for
+  // positive t (i0 = lo), true for negative t.
+  const float mid_hi = sum_hi[lo], mid_lo = sum_lo[lo];
+  const auto stays = [&](std::uint32_t low) {  // index_of(first | low) == i0
+    const float t = bit_cast<float>(sign | first | low);
+    return above(t + t, mid_hi, mid_lo) == (i0 > i1);
+  };
+  std::uint32_t below = 0, at = 0x1FFFFu;  // stays(below), !stays(at)
   while (at - below > 1) {
     const std::uint32_t mid = below + (at - below) / 2;
-    (index_of(first | mid) == i0 ? below : at) = mid;
+    (stays(mid) ? below : at) = mid;
   }
   // Raw low bits >= at step away from i0; mirrored, those below `at` reach the larger index.
   return bucket_step_entry(lo, i0 < i1 ? at : bucket_never - at);
@@ -167,8 +195,13 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
 // The index from a step entry e and t's bits, in bits 24-31 of the word (the kernels store that
 // byte) and in the low byte.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t step_bucket_word(std::uint32_t e,
+                                                                 std::uint32_t bits,
+                                                                 std::uint32_t mask) {
+  return e + bucket_low(bits, mask);
+}
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t step_bucket_word(std::uint32_t e,
                                                                  std::uint32_t bits) {
-  return e + bucket_low(bits);
+  return step_bucket_word(e, bits, sign_mask(bits));
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t nearest_in_step_bucket(std::uint32_t e,
                                                                        std::uint32_t bits) {
@@ -190,26 +223,28 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_bucket(std::uint32_t e, const f
 
 // Whether the codebook's bucket table holds no walks and both buckets 0 one index (that of
 // zero), judged conservatively from the midpoints: each midpoint, known within one ulp of
-// sum_hi / 2 and widened here to two ulps on either side, marks the buckets it may fall in; no
-// bucket marked twice and no bucket 0 marked means every bucket steps at most once (the index
-// changes only across midpoints) and no |t| below the floor changes the index. A false answer
-// only selects the kernels that also handle walks and tiny t exactly. Host code.
+// sum_hi / 2 and widened here to two ulps on either side, marks the buckets it may fall in (of
+// its sign, a run); no bucket marked twice and no bucket 0 marked means every bucket steps at
+// most once (the index changes only across midpoints) and no |t| below the floor changes the
+// index. The midpoints are sorted, so their runs are ordered too: a bucket marked twice is
+// marked by two consecutive midpoints of one sign, and only those are compared. A false answer
+// only selects the kernels that also handle walks and tiny t exactly. Host code, called once per
+// quantize call (a few hundred operations).
 inline bool simple_buckets(const tables& tb) {
-  static_assert(bucket_count <= 8192);
-  unsigned char marked[8192] = {};
-  const auto two_ulps = [](float f, float toward) {
-    return std::nextafter(std::nextafter(f, toward), toward);
-  };
+  std::uint32_t run_first[2] = {}, run_last[2] = {};  // per sign, the last run (0: none yet)
   for (int j = 0; j < 255; ++j) {
-    const float m = tb.sum_hi[j] * 0.5f;
-    const float lo = two_ulps(m, -2.0f), hi = two_ulps(m, 2.0f);
-    if (!(lo > 0.0f) && !(hi < 0.0f)) return false;  // within reach of zero: bucket 0
-    const std::uint32_t b0 = bucket_of(lo), b1 = bucket_of(hi);
-    // lo and hi have one sign: their buckets are those of that sign from b0 to b1 (step 2).
-    for (std::uint32_t b = b0 < b1 ? b0 : b1, end = b0 < b1 ? b1 : b0; b <= end; b += 2) {
-      if (b < 2 || marked[b]) return false;
-      marked[b] = 1;
-    }
+    const std::uint32_t mb = bit_cast<std::uint32_t>(tb.sum_hi[j] * 0.5f);
+    const std::uint32_t mag = mb & 0x7FFFFFFFu, sign = mb & 0x80000000u;
+    if (mag <= 2u) return false;  // two ulps reach zero: bucket 0
+    const std::uint32_t first = bucket_of(bit_cast<float>(sign | (mag - 2u)));
+    const std::uint32_t last = bucket_of(bit_cast<float>(sign | (mag + 2u)));
+    const int s = sign != 0 ? 1 : 0;
+    if (first < 2u) return false;
+    if (run_last[s] != 0 && (first > run_first[s] ? first : run_first[s]) <=
+                                (last < run_last[s] ? last : run_last[s]))
+      return false;
+    run_first[s] = first;
+    run_last[s] = last;
   }
   return true;
 }
@@ -271,9 +306,23 @@ struct block_divisor {
 // result is the correctly rounded x / a (no product falls into the subnormals, and the scaling
 // is exact for |x s| >= 2^-126). Below, the result is below 2^-57 in magnitude, as x / a is:
 // both fall in a bucket 0, whose index simple_buckets has shown to be that of zero for either
-// sign. `blockwise_codebook.scaled_divisor_buckets_equal_division` checks this.
+// sign.
+//
+// Where a lies in [2^-60, 2^61) (`folded`, every block of ordinary data), the same quotient
+// takes four operations instead of five: s folded into the reciprocal's terms, ys = y s and
+// ys_lo = y_lo s (ys normal, so exact; ys_lo rounded only where it is below 2^-126, which moves
+// q0 by less than 2^-89 of the quotient), x unscaled: q0 = RN(x ys + RN(x ys_lo)), faithful as
+// above; the remainder r = RN(x - a q0), exact where |q0| >= 2^-43 (its grid, ulp(a) ulp(q0), is
+// then at least 2^-149, and it needs 24 bits of it at most); and q = RN(q0 + r ys), the very
+// correction above (r ys = r' y for the scaled remainder r' = r s). So for |x / a| >= 2^-42 the
+// result is again the correctly rounded x / a; below, it is below 2^-40 in magnitude: a bucket 0.
+// The kernels take the folded form for the blocks where it holds and the scaled one for the
+// others; operator() chooses the same way. `blockwise_codebook.scaled_divisor_buckets_equal_division`
+// checks both.
 struct scaled_divisor {
-  float s, a, y, y_lo;
+  float s, a, y, y_lo;  // the scaled form: a = a s here
+  float a0, ys, ys_lo;  // the folded form: a, y s, y_lo s
+  bool folded;
   LOWBIT_HD LOWBIT_INLINE static scaled_divisor make(float a) {
     // s = 2^(127 - field) for a's exponent field (a > 0 finite): 2^127 for subnormal a (field 0),
     // 2^126 down to 2^-126, and 2^-127 (a subnormal float, exact) for field 254, the clamp.
@@ -282,7 +331,21 @@ struct scaled_divisor {
     const float s = bit_cast<float>(s_bits < 0x00400000u ? 0x00400000u : s_bits);
     const float as = a * s;  // in [1, 2), or [2^-22, 1) for subnormal a
     const float y = reciprocal(as);
-    return {s, as, y, block_divisor::fma_rn(-as, y, 1.0f) * y};
+    const float y_lo = block_divisor::fma_rn(-as, y, 1.0f) * y;
+    const bool folded = field_bits >= (67u << 23) && field_bits <= (187u << 23);
+    return {s, as, y, y_lo, a, y * s, y_lo * s, folded};
+  }
+  LOWBIT_HD LOWBIT_INLINE float scaled(float x) const {
+    const float xs = x * s;
+    const float q0 = block_divisor::fma_rn(xs, y, xs * y_lo);
+    return block_divisor::fma_rn(block_divisor::fma_rn(-a, q0, xs), y, q0);
+  }
+  LOWBIT_HD LOWBIT_INLINE float folded_quotient(float x) const {
+    const float q0 = block_divisor::fma_rn(x, ys, x * ys_lo);
+    return block_divisor::fma_rn(block_divisor::fma_rn(-a0, q0, x), ys, q0);
+  }
+  LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
+    return folded ? folded_quotient(x) : scaled(x);
   }
   // RN(1 / v) for v in [2^-22, 2): the division on the host; on the GPU the hardware
   // approximation and one Newton step, the fast path of the compiler's correctly rounded
@@ -296,11 +359,6 @@ struct scaled_divisor {
 #else
     return 1.0f / v;
 #endif
-  }
-  LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
-    const float xs = x * s;
-    const float q0 = block_divisor::fma_rn(xs, y, xs * y_lo);
-    return block_divisor::fma_rn(block_divisor::fma_rn(-a, q0, xs), y, q0);
   }
 };
 

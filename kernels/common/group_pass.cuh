@@ -11,6 +11,10 @@
 //     // optional: a group whose every element gets one code (the kernels then call element()
 //     // for none of its elements, so element() may assume that its group is not one)
 //     __device__ bool uniform(const group&, std::uint32_t& code) const;
+//     // optional: groups whose elements take a second form of element() (the kernels call
+//     // slow_element() for every element of a group where slow() holds, element() for none)
+//     __device__ bool slow(const group&) const;
+//     __device__ std::uint32_t slow_element(const group&, float x, std::uint32_t rbits) const;
 //   };
 //
 // The amax is a maximum of |x| bit patterns (NaN above Inf above every finite value): exact and
@@ -43,10 +47,12 @@ __device__ __forceinline__ std::uint32_t abs_bits(float x) {
 }
 
 // Rules may keep tables in shared memory: a rule with `static constexpr int shared_bytes` gets
-// that much dynamic shared memory (group_shared()), and the kernels use `rule.to_shared()`
-// (called by every thread, which copies its share; a barrier follows) in its place. Reading the
-// tables through group_shared() itself, rather than a pointer kept in the rule, lets the
-// compiler address shared memory directly.
+// that much dynamic shared memory (group_shared()), and the kernels use what `rule.to_shared()`
+// returns (called by every thread, which fills its share; a barrier follows) in its place: the
+// rule itself, or a rule of another type (the kernel's parameter may then carry tables, read in
+// place: the kernels take their rule as a __grid_constant__ parameter, which is never copied).
+// Reading the tables through group_shared() itself, rather than a pointer kept in the rule, lets
+// the compiler address shared memory directly.
 __device__ __forceinline__ unsigned char* group_shared() {
   extern __shared__ __align__(16) unsigned char group_shared_bytes[];
   return group_shared_bytes;
@@ -57,6 +63,21 @@ template <class Rule, class Group>
 __device__ __forceinline__ bool uniform_group(const Rule& rule, const Group& g, std::uint32_t& code) {
   if constexpr (requires { rule.uniform(g, code); }) return rule.uniform(g, code);
   else return false;
+}
+
+// Whether group g takes the rule's slow_element() (the rule's optional `slow`), and the code of
+// x in g from the form that g takes.
+template <class Rule, class Group>
+__device__ __forceinline__ bool slow_group(const Rule& rule, const Group& g) {
+  if constexpr (requires { rule.slow(g); }) return rule.slow(g);
+  else return false;
+}
+template <class Rule, class Group>
+__device__ __forceinline__ std::uint32_t element_of(const Rule& rule, const Group& g, bool slow,
+                                                    float x, std::uint32_t rbits) {
+  if constexpr (requires { rule.slow(g); })
+    if (slow) return rule.slow_element(g, x, rbits);
+  return rule.element(g, x, rbits);
 }
 
 // Rules with byte codes may return each code (of element() and uniform()) in a higher byte of
@@ -80,9 +101,9 @@ inline constexpr int shared_bytes_of = [] {
 }();
 
 template <class Rule>
-__device__ __forceinline__ Rule in_shared(const Rule& rule) {
+__device__ __forceinline__ auto in_shared(const Rule& rule) {
   if constexpr (shared_bytes_of<Rule> > 0) {
-    const Rule r = rule.to_shared();
+    const auto r = rule.to_shared();
     __syncthreads();
     return r;
   } else {
@@ -96,8 +117,8 @@ template <class Rule, class In, class Code>
 __global__ void __launch_bounds__(threads)
     group_block_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                        std::int64_t crs, typename Rule::scale_type* __restrict__ scales, group_geometry geo,
-                       int lanes_log2, Rule rule_in, emu::random_stream rng) {
-  const Rule rule = in_shared(rule_in);
+                       int lanes_log2, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
+  const auto rule = in_shared(rule_in);
   const int lanes = 1 << lanes_log2;
   const int lane = threadIdx.x & (lanes - 1), row_in_step = threadIdx.x >> lanes_log2;
   const int rows_per_step = threads >> lanes_log2;
@@ -113,7 +134,7 @@ __global__ void __launch_bounds__(threads)
     const auto grp = rule.begin(m);
     if (threadIdx.x == 0) scales[g] = rule.stored(grp);
     std::uint32_t same = 0;
-    const bool uniform = uniform_group(rule, grp, same);
+    const bool uniform = uniform_group(rule, grp, same), slow = slow_group(rule, grp);
     for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
       for (std::int64_t c = c0 + lane; c < c1; c += lanes) {
         if (uniform) {
@@ -123,7 +144,7 @@ __global__ void __launch_bounds__(threads)
         const std::uint32_t rb =
             rule.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
         codes[r * crs + c] =
-            code_value<Rule, Code>(rule.element(grp, cast_ops::load(x[r * xrs + c]), rb));
+            code_value<Rule, Code>(element_of(rule, grp, slow, cast_ops::load(x[r * xrs + c]), rb));
       }
   }
 }
@@ -145,7 +166,7 @@ constexpr int flat_threads = 1024;
 // integers those of the largest |v| among the negative v (or, if none is negative, among the
 // positive ones). The larger of the two without its sign bit is the maximum, both trees balanced.
 template <int N>
-__device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
+__device__ __forceinline__ std::uint32_t abs_max_bits_of_ints(const float (&v)[N]) {
   static_assert(N >= 2 && (N & (N - 1)) == 0);
   std::int32_t s[N];
   std::uint32_t u[N];
@@ -165,57 +186,100 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
   return max(static_cast<std::uint32_t>(s[0]) & 0x7FFFFFFFu, u[0] & 0x7FFFFFFFu);
 }
 
+// The same in one tree on sm_80+: the float maximum of |v[i]| that propagates NaN (max.NaN, the
+// absolute values folded into its operands) is, as bits, the maximum of the abs_bits unless some
+// v[i] is NaN; then (its result the canonical NaN) the integer trees give the NaN's own bits.
+template <int N>
+__device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float m[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i)
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[i]) : "f"(fabsf(v[i])), "f"(fabsf(v[i + N / 2])));
+#pragma unroll
+  for (int w = N / 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i)
+      if (i < w) asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[i]) : "f"(m[i]), "f"(m[i + w]));
+  const std::uint32_t bits = __float_as_uint(m[0]);
+  if (bits <= 0x7F800000u) return bits;
+#endif
+  return abs_max_bits_of_ints(v);
+}
+
 // The maximum of v over the aligned 2^gl lanes of this lane's group (all 32 for gl >= 5): a
 // whole-warp group by one warp reduction on sm_80+ (its result is warp-uniform; groups within a
-// warp would take the instruction's slow, divergent form), smaller groups by shuffles.
+// warp would take the instruction's slow, divergent form), smaller groups by butterfly shuffles
+// over every lane bit that a group of 16 (or, before sm_80, 32) lanes has, each with the lane
+// bits past the group masked off (a shuffle with itself): straight-line code, which the compiler
+// checks for a converged warp once, not per shuffle.
 __device__ __forceinline__ std::uint32_t lanes_max(std::uint32_t v, int gl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if (gl >= 5) return __reduce_max_sync(0xFFFFFFFFu, v);
+  constexpr int bits = 4;
+#else
+  constexpr int bits = 5;
 #endif
+  const unsigned group_lanes = (1u << gl) - 1u;
 #pragma unroll
-  for (int l = 0; l < 5; ++l)
-    if (l < gl) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1 << l));
+  for (int l = 0; l < bits; ++l)
+    v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, (1u << l) & group_lanes));
   return v;
 }
 
-// The flat kernel's meeting of a group's warps: an mbarrier in shared memory (sm_80+), with one
-// arrival per warp (lane 0, after its part[] write, which the arrival releases) and a wait by
-// every lane for the phase of the given parity (which acquires the other warps' writes).
-__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+// The flat kernel's meeting of a group's warps: an mbarrier in shared memory (sm_80+, by its
+// shared address), with one arrival per warp (lane 0, after its part[] write, which the arrival
+// releases) and a wait by every lane for the phase of the given parity (which acquires the other
+// warps' writes).
+__device__ __forceinline__ void mbarrier_init(std::uint32_t bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;"
-               :
-               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(bar))), "r"(count)
-               : "memory");
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" : : "r"(bar), "r"(count) : "memory");
 #else
   (void)bar, (void)count;
 #endif
 }
-__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+__device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}"
                :
-               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(bar)))
+               : "r"(bar)
                : "memory");
 #else
   (void)bar;
 #endif
 }
-__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+__device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto at = static_cast<std::uint32_t>(__cvta_generic_to_shared(bar));
   std::uint32_t done = 0;
   do {  // (try_wait, which suspends the warp for a while, measured slower here)
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}"
         : "=r"(done)
-        : "r"(at), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
   } while (done == 0);
 #else
   (void)bar, (void)parity;
 #endif
+}
+
+// Shared memory by address (shared_address), for addresses kept in registers.
+__device__ __forceinline__ void store_shared(std::uint32_t at, std::uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" : : "r"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint2 load_shared_8(std::uint32_t at) {
+  uint2 w;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w.x), "=r"(w.y) : "r"(at) : "memory");
+  return w;
+}
+__device__ __forceinline__ uint4 load_shared_16(std::uint32_t at) {
+  uint4 w;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+               : "r"(at)
+               : "memory");
+  return w;
 }
 
 // Byte B of c0 .. c3 as one word, by byte permutes (which select a byte where it lies).
@@ -274,11 +338,11 @@ __global__ void __launch_bounds__(threads, min_blocks)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, typename Rule::scale_type* __restrict__ scales, std::int64_t rows,
                    std::int64_t cols, std::int64_t k, int seg_shift, std::int64_t lanes_per_row,
-                   bool vector, int stages, Rule rule_in, emu::random_stream rng) {
+                   bool vector, int stages, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
   static_assert(E % 4 == 0, "whole chunks of four");
   constexpr int J = E / 4;  // chunks per thread
   using chunk = vec<In, 4>;
-  const Rule rule = in_shared(rule_in);
+  const auto rule = in_shared(rule_in);
   __shared__ __align__(16) std::uint32_t warp_max_smem[threads / 32];
   const int seg_lanes = 1 << seg_shift;
   const std::int64_t nseg = (cols + k - 1) / k;
@@ -347,7 +411,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
     const std::uint64_t base = static_cast<std::uint64_t>(p.r * cols + p.c0);
     Code* cs = codes + p.r * crs + p.c0;
     std::uint32_t same = 0;
-    const bool uniform = uniform_group(rule, grp, same);
+    const bool uniform = uniform_group(rule, grp, same), slow = slow_group(rule, grp);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int off = offset(j);
@@ -360,7 +424,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
         if (rule.stochastic()) chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          w.v[e] = code_value<Rule, Code>(rule.element(grp, v[j * 4 + e], rbits[e]));
+          w.v[e] = code_value<Rule, Code>(element_of(rule, grp, slow, v[j * 4 + e], rbits[e]));
       }
       if (vector) {
         if (off < p.len) *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
@@ -444,11 +508,17 @@ __global__ void __launch_bounds__(threads, min_blocks)
 // it waits for its copies and synchronizes with __syncwarp, never with the whole block, so the
 // warps of a block run through the tiles independently. Full tiles are staged `stages - 1` tiles
 // ahead as in segment_kernel; the last, partial tile (if any) is loaded element by element.
+//
+// The loop over a block's tiles carries little besides the elements' work: shared-memory
+// addresses are computed once and kept in registers (kept()), the stage offsets rotate, and the
+// global pointers step by a fixed stride (counted in the SASS along the path of the block-wise
+// kernel's blocks of 256: about 160 of 390 instructions per thread and tile outside the
+// elements' work before, about 105 of 310 now).
 template <class Rule, class In, class Code>
 __global__ void __launch_bounds__(flat_threads, 1)
     flat_group_kernel(const In* __restrict__ x, Code* __restrict__ codes,
                       typename Rule::scale_type* __restrict__ scales, std::int64_t n, int k_log2,
-                      int stages, Rule rule_in, emu::random_stream rng) {
+                      int stages, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
   constexpr int E = elements_per_thread;
   constexpr int per_piece = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte piece
   constexpr int P = E / per_piece;                               // pieces per thread
@@ -456,65 +526,115 @@ __global__ void __launch_bounds__(flat_threads, 1)
   constexpr int per_store = 16 / static_cast<int>(sizeof(Code));  // codes per 16-byte store
   static_assert(E % per_store == 0 && E % 4 == 0);
   constexpr std::int64_t per_tile = std::int64_t{flat_threads} * E;
+  constexpr int span = 32 * P;  // pieces of a warp's span
+  constexpr std::uint32_t stage_bytes = flat_threads * P * 16;
   using piece = vec<In, per_piece>;
-  const Rule rule = in_shared(rule_in);
+  using scale_type = typename Rule::scale_type;
   // Warp maxima of groups that span warps, by the parity of the warps' encode() calls: a warp
   // writes one half while the slowest warp of its group may still read the other. The group's
   // warps meet at an mbarrier of the group and parity (sm_80+; one arrival per warp), before
-  // sm_80 at a barrier of the whole block (every warp encodes every tile).
+  // sm_80 at a barrier of the whole block (every warp encodes every tile). A half of either
+  // array is 128 bytes.
   constexpr int warps = flat_threads / 32;
   __shared__ __align__(16) std::uint32_t part[2][warps];
   __shared__ std::uint64_t arrived[2][warps / 2];
+  static_assert(sizeof(part[0]) == 128 && sizeof(arrived[0]) == 128);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gl = k_log2 - log2_of(E);  // log2 of the threads per group
   const int group_warps_log2 = gl > 5 ? gl - 5 : 0;
-  const std::int64_t full_tiles = n / per_tile;
-  int parity = 0;
-  unsigned phases = 0;  // bit p: the phase parity that the next wait on arrived[p][.] expects
+  // This warp's slot of part[0], its group's first slot there and its group's arrived[0].
+  const std::uint32_t part_at = kept(shared_address(&part[0][warp]));
+  const std::uint32_t group_part_at =
+      kept(shared_address(&part[0][warp & ~((1 << group_warps_log2) - 1)]));
+  const std::uint32_t arrived_at = kept(shared_address(&arrived[0][warp >> group_warps_log2]));
   if (gl > 5) {  // block-uniform
-    if (tid < warps)
-      mbarrier_init(&arrived[tid / (warps / 2)][tid % (warps / 2)], 1u << group_warps_log2);
+    if (tid < warps) mbarrier_init(shared_address(&arrived[0][0]) + 8 * tid, 1u << group_warps_log2);
     __syncthreads();
   }
+  int meetings = 0;  // of this thread's encode() calls so far
+
+  // This block's full tiles: blockIdx.x + t gridDim.x for t < tiles (launch_flat_groups keeps n
+  // below 2^45, so that tiles is an int), the thread's E elements of each from i0 on, at a
+  // stride of `stride` elements from one tile to the next.
+  const std::int64_t full_tiles = n / per_tile;
+  const int tiles =
+      full_tiles > blockIdx.x ? static_cast<int>((full_tiles - 1 - blockIdx.x) / gridDim.x + 1) : 0;
+  const std::int64_t stride = std::int64_t{gridDim.x} * per_tile;
+  const auto first_of = [&](std::int64_t t) {  // the thread's first element of its tile t
+    return (blockIdx.x + t * gridDim.x) * per_tile + tid * E;
+  };
+  Code* out = codes + first_of(0);
+  scale_type* sc = scales + (first_of(0) >> k_log2);
+  const std::int64_t sc_stride = stride >> k_log2;  // k <= per_tile divides it
+
+  // The swizzle's per-lane parts: piece i * 32 + lane of the warp's span (copied by this lane)
+  // goes to slot i * 32 + (lane ^ (lane / 8)); piece lane * P + j (read by it) sits at slot
+  // (lane * P ^ ((lane * P / 8) % 4)) ^ j, as j < P carries into no higher bit. Addresses are
+  // those of stage 0; stage s lies s * stage_bytes above.
+  const std::uint32_t stage0 =
+      shared_address(group_pass::group_shared() + staging_offset<Rule>) + warp * span * 16;
+  const std::uint32_t copy_at = kept(stage0 + (lane ^ (lane >> 3)) * 16);
+  const int read_slot = (lane * P) ^ (((lane * P) >> 3) & 3);
+  std::uint32_t read_at[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) read_at[j] = kept(stage0 + (read_slot ^ j) * 16);
+  // The warp's span of the next tile to stage, and how many tiles were staged (one copy group
+  // each, empty past this block's tiles, so that the waits count evenly).
+  const piece* ahead = reinterpret_cast<const piece*>(x + std::int64_t{blockIdx.x} * per_tile) +
+                       warp * span + lane;
+  const std::int64_t ahead_stride = stride / per_piece;
+  int staged = 0;
+  const auto stage_next = [&](std::uint32_t offset) {
+    if (staged < tiles) {
+#pragma unroll
+      for (int i = 0; i < P; ++i) copy_async<16>(copy_at + offset + i * 32 * 16, ahead + i * 32);
+    }
+    copy_commit();
+    ++staged;
+    ahead += ahead_stride;
+  };
+  // Iteration t reads the stage at `read` and refills the one read in iteration t - 1, `write`.
+  const std::uint32_t last = (stages - 1) * stage_bytes;
+  for (int s = 0; s < stages - 1; ++s) stage_next(s * stage_bytes);
+  // The rule's tables (if any) while those tiles stream in.
+  const auto rule = in_shared(rule_in);
 
   // The thread's group maximum from its elements, the group's scale and the codes of its E
-  // elements from base + tid * E on; called by every thread of the block (the reduction may
+  // elements i0 .. i0 + E - 1, stored at out (codes + i0) with the scale at sc
+  // (scales + (i0 >> k_log2)); called by every thread of the block (the reduction may
   // synchronize). `full`: the tile lies inside n.
-  const auto encode = [&](std::int64_t base, const float (&v)[E], bool full) {
+  const auto encode = [&](const float (&v)[E], Code* out, scale_type* sc, std::int64_t i0,
+                          bool full) {
     std::uint32_t m = lanes_max(abs_max_bits(v), gl);
     if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or 8 warps
       // A warp's next write to this half of part[] comes after the group's next meeting, which
       // every warp of the group reaches only after reading this half.
-      std::uint32_t* const half = part[parity];
-      const int first = warp & ~((1 << group_warps_log2) - 1);  // the group's first warp
+      const std::uint32_t half = (meetings & 1) * 128u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      std::uint64_t* const bar = &arrived[parity][warp >> group_warps_log2];
       if (lane == 0) {
-        half[warp] = m;
-        mbarrier_arrive(bar);
+        store_shared(part_at + half, m);
+        mbarrier_arrive(arrived_at + half);
       }
-      mbarrier_wait(bar, (phases >> parity) & 1u);
-      phases ^= 1u << parity;
+      mbarrier_wait(arrived_at + half, (meetings >> 1) & 1);
 #else
-      if (lane == 0) half[warp] = m;
+      if (lane == 0) store_shared(part_at + half, m);
       __syncthreads();
 #endif
-      parity ^= 1;
-      if (gl == 6) {
-        const uint2 w = *reinterpret_cast<const uint2*>(half + first);
+      ++meetings;
+      if (gl == 6) {  // (two slots: 8-byte aligned only)
+        const uint2 w = load_shared_8(group_part_at + half);
         m = max(w.x, w.y);
       } else if (gl == 7) {
-        const uint4 w = *reinterpret_cast<const uint4*>(half + first);
-        m = max(max(w.x, w.y), max(w.z, w.w));
+        const uint4 lo = load_shared_16(group_part_at + half);
+        m = max(max(lo.x, lo.y), max(lo.z, lo.w));
       } else {
-        const uint4 lo = *reinterpret_cast<const uint4*>(half + first);
-        const uint4 hi = *reinterpret_cast<const uint4*>(half + first + 4);
+        const uint4 lo = load_shared_16(group_part_at + half);
+        const uint4 hi = load_shared_16(group_part_at + half + 16);
         m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
       }
     }
     const auto grp = rule.begin(m);
-    const std::int64_t i0 = base + tid * E;
-    if ((tid & ((1 << gl) - 1)) == 0 && i0 < n) scales[i0 >> k_log2] = rule.stored(grp);
+    if ((tid & ((1 << gl) - 1)) == 0 && (full || i0 < n)) *sc = rule.stored(grp);
     // The codes code_of(v[i], rbits of element i0 + i), stored (`draw`: whether rbits are drawn).
     const auto store = [&](auto code_of, bool draw) {
 #pragma unroll
@@ -530,79 +650,65 @@ __global__ void __launch_bounds__(flat_threads, 1)
         if (full) {
           if constexpr (sizeof(Code) == 1) {
             constexpr int B = code_byte_of<Rule>;
-            *reinterpret_cast<uint4*>(codes + i0 + h) = make_uint4(
+            *reinterpret_cast<uint4*>(out + h) = make_uint4(
                 pack_bytes<B>(c[0], c[1], c[2], c[3]), pack_bytes<B>(c[4], c[5], c[6], c[7]),
                 pack_bytes<B>(c[8], c[9], c[10], c[11]), pack_bytes<B>(c[12], c[13], c[14], c[15]));
           } else {
             vec<Code, per_store> w;
 #pragma unroll
             for (int e = 0; e < per_store; ++e) w.v[e] = code_value<Rule, Code>(c[e]);
-            *reinterpret_cast<vec<Code, per_store>*>(codes + i0 + h) = w;
+            *reinterpret_cast<vec<Code, per_store>*>(out + h) = w;
           }
         } else {
 #pragma unroll
           for (int e = 0; e < per_store; ++e)
-            if (i0 + h + e < n) codes[i0 + h + e] = code_value<Rule, Code>(c[e]);
+            if (i0 + h + e < n) out[h + e] = code_value<Rule, Code>(c[e]);
         }
       }
     };
     std::uint32_t same = 0;
     if (uniform_group(rule, grp, same))
       store([&](float, std::uint32_t) { return same; }, false);
+    else if (slow_group(rule, grp))  // (no code where the rule has no slow form)
+      store([&](float xv, std::uint32_t rb) { return element_of(rule, grp, true, xv, rb); },
+            rule.stochastic());
     else
       store([&](float xv, std::uint32_t rb) { return rule.element(grp, xv, rb); }, rule.stochastic());
   };
 
-  // The swizzle's per-lane parts: piece i * 32 + lane of the warp's span (copied by this lane)
-  // goes to slot i * 32 + (lane ^ (lane / 8)); piece lane * P + j (read by it) sits at slot
-  // (lane * P ^ ((lane * P / 8) % 4)) ^ j, as j < P carries into no higher bit.
-  constexpr int span = 32 * P;  // pieces of a warp's span
-  piece* const stage0 = reinterpret_cast<piece*>(group_pass::group_shared() + staging_offset<Rule>) +
-                        warp * span;
-  const int copy_slot = lane ^ (lane >> 3), read_slot = (lane * P) ^ (((lane * P) >> 3) & 3);
-  const auto stage_in = [&](std::int64_t tile, int s) {  // one copy group, empty past the tiles
-    if (tile < full_tiles) {
-      const piece* src = reinterpret_cast<const piece*>(x + tile * per_tile) + warp * span + lane;
-      piece* dst = stage0 + s * (flat_threads * P) + copy_slot;
-#pragma unroll
-      for (int i = 0; i < P; ++i) copy_async<16>(dst + i * 32, src + i * 32);
-    }
-    copy_commit();
-  };
+  std::uint32_t read = 0, write = last;
   float v[E];
-  std::int64_t next_tile = blockIdx.x;
-  for (int s = 0; s < stages - 1; ++s, next_tile += gridDim.x) stage_in(next_tile, s);
-  int s_read = 0, s_write = stages - 1;
-  std::int64_t tile = blockIdx.x;
-  for (; tile < full_tiles; tile += gridDim.x) {
+  for (int t = 0; t < tiles; ++t) {
     if (stages == 1) {  // no overlap: this tile's copies now, once every lane read the last
       __syncwarp();
-      stage_in(tile, 0);
+      stage_next(0);
     }
-    copy_wait(stages == 1 ? 0 : stages - 2);  // this lane's copy group of this tile is done
+    copy_wait(stages == 3 ? 1 : 0);  // this lane's copy group of this tile is done
     // The warp's copies of this tile have landed, and its lanes are done reading the stage
     // refilled next (the one read in the previous iteration).
     __syncwarp();
-    if (stages > 1) {
-      stage_in(next_tile, s_write);
-      next_tile += gridDim.x;
-    }
-    const piece* const stage = stage0 + s_read * (flat_threads * P);
+    if (stages > 1) stage_next(write);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      const piece w = stage[read_slot ^ j];
+      const uint4 w4 = load_shared_16(read_at[j] + read);
+      piece w;
+      static_assert(sizeof(piece) == sizeof(uint4));
+      __builtin_memcpy(&w, &w4, sizeof(w));
 #pragma unroll
       for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = cast_ops::load(w.v[e]);
     }
-    encode(tile * per_tile, v, true);
-    s_read = s_read + 1 == stages ? 0 : s_read + 1;
-    s_write = s_write + 1 == stages ? 0 : s_write + 1;
+    encode(v, out, sc, first_of(t), true);  // (first_of is needed by stochastic rules only)
+    out += stride;
+    sc += sc_stride;
+    write = read;
+    read = read == last ? 0 : read + stage_bytes;
   }
-  if (tile == full_tiles && full_tiles * per_tile < n) {  // the partial tile, by one block
-    const std::int64_t i0 = full_tiles * per_tile + tid * E;
+  if (blockIdx.x + std::int64_t{tiles} * gridDim.x == full_tiles && full_tiles * per_tile < n) {
+    // the partial tile, by one block, element by element
+    const std::int64_t i0 = first_of(tiles);
 #pragma unroll
     for (int e = 0; e < E; ++e) v[e] = i0 + e < n ? cast_ops::load(x[i0 + e]) : 0.0f;
-    encode(full_tiles * per_tile, v, false);
+    encode(v, out, sc, i0, false);
   }
 }
 
@@ -676,8 +782,10 @@ bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const 
   const bool pow2 = k >= E && k <= 4096 && (k & (k - 1)) == 0;
   const bool flat = xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols &&
                                      xm.cols % k == 0);
-  if (!pow2 || !flat || !aligned_to<In>(x, 16) || !aligned_to<Code>(codes, 16)) return false;
   const std::int64_t n = xm.rows * xm.cols;
+  if (!pow2 || !flat || !aligned_to<In>(x, 16) || !aligned_to<Code>(codes, 16) ||
+      n >= (std::int64_t{1} << 45))
+    return false;
   constexpr int bytes = flat_threads * E * static_cast<int>(sizeof(In));
   constexpr auto kernel = flat_group_kernel<Rule, In, Code>;
   const staging st = staging_for<kernel>(staging_offset<Rule>, bytes, flat_threads);

@@ -24,11 +24,16 @@ using kernels::codebook;
 using kernels::dtype;
 
 // Values of one dtype with zeros, ties of the codebook, tiny values, NaN/Inf now and then.
-void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specials) {
+// `wide`: runs of 64 values share a scale from 2^-140 to 2^119, so that blocks of every size get
+// absmax values far outside [2^-60, 2^61) too (the kernels' second form of the division).
+void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specials,
+          bool wide = false) {
   std::mt19937_64 g(seed);
   std::normal_distribution<float> nd;
+  int run_exp = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    float v = nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 40) - 20);
+    if (i % 64 == 0) run_exp = static_cast<int>(g() % 260) - 140;
+    float v = nd(g) * std::ldexp(1.0f, wide ? run_exp : static_cast<int>(g() % 40) - 20);
     const auto k = g() % 100;
     if (k < 5)
       v = 0.0f;
@@ -70,7 +75,8 @@ TEST(gpu_vs_cpu, blockwise_quantize_dequantize_nested) {
     const std::int64_t nb = kernels::blockwise_blocks(n, cfg.block);
     const std::int64_t nb2 = kernels::blockwise_blocks(nb, kernels::nested_block);
     mirrored in(static_cast<std::size_t>(n) * kernels::dtype_size(in_t));
-    fill(in, in_t, n, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 3) == 0);
+    fill(in, in_t, n, *rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange(0, 3) == 0,
+         *rc::gen::inRange(0, 3) == 0);
     mirrored codes(static_cast<std::size_t>(n)), absmax(static_cast<std::size_t>(nb) * 4);
     mirrored codes2(static_cast<std::size_t>(nb)), absmax2(static_cast<std::size_t>(nb2) * 4);
     const bool nested = *rc::gen::arbitrary<bool>();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -82,8 +83,10 @@ std::vector<float> awkward_values(std::size_t n, std::int64_t cols, std::uint64_
       const double a = emu::decode<double>(near, c), b = emu::decode<double>(near, c + 1);
       x = static_cast<float>((k & 1) && std::isfinite(b) ? (a + b) / 2 : a);
       if (g() & 1) x = -x;
-    } else if (k < 12) {
-      x = std::numeric_limits<float>::quiet_NaN();
+    } else if (k < 12) {  // a quiet NaN of either sign with a random payload
+      const std::uint32_t bits = ((g() & 1) ? 0xFFC00000u : 0x7FC00000u) |
+                                 (static_cast<std::uint32_t>(g()) & 0x3FFFFFu);
+      std::memcpy(&x, &bits, 4);
     } else if (k < 14) {
       x = (g() & 1) ? std::numeric_limits<float>::infinity()
                     : -std::numeric_limits<float>::infinity();

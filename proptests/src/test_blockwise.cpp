@@ -478,6 +478,61 @@ TEST(blockwise_codebook, simple_buckets_is_conservative) {
   }
 }
 
+// simple_buckets compares only consecutive midpoints of one sign; marking every bucket each
+// widened midpoint may fall in gives the same answer. Checked on the built-in codebooks and on
+// random ones: geometric magnitudes (one or both signs, with zero, jittered), some crowded
+// enough to share buckets, some with entries near zero.
+TEST(blockwise_codebook, simple_buckets_equals_marking_every_bucket) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  const auto marked_twice = [](const ops::tables& tb) {  // the definition, bucket by bucket
+    std::vector<unsigned char> marked(ops::bucket_count + 2, 0);
+    for (int j = 0; j < 255; ++j) {
+      const float m = tb.sum_hi[j] * 0.5f;
+      const float lo = std::nextafter(std::nextafter(m, -2.0f), -2.0f);
+      const float hi = std::nextafter(std::nextafter(m, 2.0f), 2.0f);
+      if (!(lo > 0.0f) && !(hi < 0.0f)) return true;
+      const std::uint32_t b0 = ops::bucket_of(lo), b1 = ops::bucket_of(hi);
+      for (std::uint32_t b = std::min(b0, b1); b <= std::max(b0, b1); b += 2) {
+        if (b < 2 || marked[b]) return true;
+        marked[b] = 1;
+      }
+    }
+    return false;
+  };
+  std::vector<std::vector<float>> books;
+  for (const codebook& cb : {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
+                             codebook::linear(true), codebook::linear(false),
+                             codebook::from_format(lowbit::emu::e4m3fn)})
+    books.emplace_back(cb.values().begin(), cb.values().end());
+  std::mt19937_64 g(17);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int i = 0; i < 400; ++i) {
+    const bool both_signs = g() & 1;
+    const int per_sign = both_signs ? 127 : 255;
+    const double floor_exp = -2.0 - 40.0 * unit(g);  // smallest magnitude 2^floor_exp
+    std::vector<float> v = {0.0f};
+    for (int k = 0; k < per_sign; ++k) {
+      const double e = floor_exp * (1.0 - (k + 0.3 * unit(g)) / per_sign);
+      const float mag = static_cast<float>(std::min(1.0, std::exp2(e)));
+      v.push_back(mag);
+      if (both_signs) v.push_back(-mag);
+    }
+    while (v.size() < 256) v.push_back(1.0f);
+    std::sort(v.begin(), v.end());
+    books.push_back(v);
+  }
+  int simple = 0, not_simple = 0;
+  for (const std::vector<float>& v : books) {
+    ops::tables tb;
+    ops::prepare(v.data(), tb);
+    const bool want = !marked_twice(tb);
+    EXPECT_EQ(ops::simple_buckets(tb), want);
+    (want ? simple : not_simple) += 1;
+  }
+  EXPECT_GT(simple, 20);
+  EXPECT_GT(not_simple, 20);
+}
+
 TEST(blockwise_codebook, user_values_are_validated) {
   std::vector<float> v(256);
   for (int i = 0; i < 256; ++i)
