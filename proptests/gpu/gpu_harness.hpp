@@ -78,8 +78,8 @@ struct mirrored {
     v.dev = gpu ? kernels::device{kernels::device_type::cuda, 0} : kernels::device{};
     return v;
   }
-  kernels::tensor_view flat(bool gpu, kernels::dtype t, std::int64_t n) {
-    auto v = view(gpu, t, 1, n, n);
+  kernels::tensor_view flat(bool gpu, kernels::dtype t, std::int64_t n, std::int64_t offset = 0) {
+    auto v = view(gpu, t, 1, n, n, offset);
     v.ndim = 1;
     v.shape = {n};
     v.strides = {1};
