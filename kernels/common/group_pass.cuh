@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "../cast/cast_ops.hpp"
 #include "async_copy.cuh"
@@ -745,9 +746,20 @@ inline int log2_ceil(std::int64_t v) {
 // stage (no overlap) only where neither fits (GPUs with 64 KiB of shared memory). The kernels
 // reserve the stages whether or not a launch stages, so that the occupancy holds for every
 // launch.
+//
+// LOWBIT_GROUP_STAGES (1, 2 or 3 in the environment, read once per process) caps the depth, so
+// that the paths of GPUs with less shared memory (two stages on A100-class GPUs, one where about
+// 100 KiB fit a block) run and are tested on any GPU (scripts/device/gpu_checks.sh).
 struct staging {
   int stages, blocks;
 };
+inline int stage_cap() {
+  static const int cap = [] {
+    const char* v = std::getenv("LOWBIT_GROUP_STAGES");
+    return v != nullptr && v[0] >= '1' && v[0] <= '3' && v[1] == '\0' ? v[0] - '0' : 3;
+  }();
+  return cap;
+}
 template <auto kernel>
 staging staging_for(int offset, int bytes, int block_threads = threads) {
   const int k = once_per_device([&](int) {  // stages * 4096 + blocks; 4095: none fits
@@ -768,7 +780,7 @@ staging staging_for(int offset, int bytes, int block_threads = threads) {
     }
     return best.blocks == 0 ? 4095 : best.stages * 4096 + best.blocks;
   });
-  return k == 4095 ? staging{0, 0} : staging{k / 4096, k % 4096};
+  return k == 4095 ? staging{0, 0} : staging{std::min(k / 4096, stage_cap()), k % 4096};
 }
 
 // Launches flat_group_kernel when the problem is flat groups (see there) and the pointers allow

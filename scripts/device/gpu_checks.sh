@@ -54,6 +54,17 @@ run racecheck_blockwise 90 compute-sanitizer --tool racecheck --error-exitcode 9
 unset RC_PARAMS
 run gpu_large 180 $bin/lowbit_gpu_tests --gtest_filter=gpu_large.*
 run gpu_exhaustive 60 $bin/lowbit_gpu_exhaustive
+# The group pass with the staging depths of GPUs with less shared memory (two stages on
+# A100-class GPUs, one where about 100 KiB fit a block), on this GPU: LOWBIT_GROUP_STAGES caps
+# the depth (group_pass.cuh).
+group_tests='gpu_vs_cpu.quantize_every_grouping:gpu_vs_cpu.mx_quantize_and_dequantize:gpu_vs_cpu.blockwise_*'
+export RC_PARAMS="max_success=30"
+run gpu_tests_2_stages 60 env LOWBIT_GROUP_STAGES=2 $bin/lowbit_gpu_tests --gtest_filter="$group_tests"
+run gpu_tests_1_stage 60 env LOWBIT_GROUP_STAGES=1 $bin/lowbit_gpu_tests --gtest_filter="$group_tests"
+export RC_PARAMS="max_success=2"
+run racecheck_1_stage 90 env LOWBIT_GROUP_STAGES=1 compute-sanitizer --tool racecheck \
+  --error-exitcode 9 $bin/lowbit_gpu_tests --gtest_filter="$group_tests"
+unset RC_PARAMS
 export RC_PARAMS="max_success=8"
 run memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
   $bin/lowbit_gpu_tests --gtest_filter="-gpu_large.*:$blockwise_tests"
