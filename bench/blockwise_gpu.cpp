@@ -65,12 +65,16 @@ kernels::nested_absmax nested_views(blockwise_buffers& B, std::int64_t block) {
 }
 
 // float32 -> uint8 codes + float32 absmax per block: reads 4n, writes n + 4 * blocks.
-void bm_quantize(benchmark::State& state, std::int64_t block, kernels::codebook_rounding r) {
+// `offset`: the input starts that many elements into its buffer (1: not 16-byte aligned, so the
+// segment kernel runs instead of the flat one), n - offset elements.
+void bm_quantize(benchmark::State& state, std::int64_t block, kernels::codebook_rounding r,
+                 std::int64_t offset = 0) {
   auto& B = buf();
-  const std::int64_t nb = kernels::blockwise_blocks(B.n, block);
-  const double bytes = 4.0 * B.n + 1.0 * B.n + 4.0 * nb;
-  const auto x = dev_view(B.x, dtype::float32, {B.n});
-  const auto c = dev_view(B.codes, dtype::uint8, {B.n});
+  const std::int64_t n = B.n - offset;
+  const std::int64_t nb = kernels::blockwise_blocks(n, block);
+  const double bytes = 4.0 * n + 1.0 * n + 4.0 * nb;
+  const auto x = dev_view(B.x + offset, dtype::float32, {n});
+  const auto c = dev_view(B.codes, dtype::uint8, {n});
   const auto a = dev_view(B.absmax, dtype::float32, {nb});
   kernels::blockwise_config cfg;
   cfg.block = block;
@@ -151,6 +155,8 @@ void register_blockwise() {
                [](benchmark::State& s) { bm_quantize(s, 256, codebook_rounding::nearest); });
   register_gpu("blockwise_quantize_dynamic_f32_b2048",
                [](benchmark::State& s) { bm_quantize(s, 2048, codebook_rounding::nearest); });
+  register_gpu("blockwise_quantize_dynamic_f32_b256_misaligned",
+               [](benchmark::State& s) { bm_quantize(s, 256, codebook_rounding::nearest, 1); });
   register_gpu("blockwise_quantize_dynamic_f32_b2048_stochastic",
                [](benchmark::State& s) { bm_quantize(s, 2048, codebook_rounding::stochastic); });
   register_gpu("blockwise_dequantize_dynamic_f32_b256",
