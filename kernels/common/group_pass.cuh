@@ -381,29 +381,23 @@ __global__ void __launch_bounds__(threads, min_blocks)
   // which leaves the maximum of |x| bits alone). Every thread of the block calls it: the
   // reduction may synchronize.
   const auto encode = [&](const place& p, const float (&v)[E]) {
-    std::uint32_t m = 0;
+    // Within a warp by lanes_max, across warps through shared memory.
+    std::uint32_t m = lanes_max(abs_max_bits(v), seg_shift < 5 ? seg_shift : 5);
+    if (seg_lanes > 32) {  // block-uniform: the segment spans 2, 4 or all 8 warps
+      __syncthreads();
+      if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
+      __syncthreads();
+      const int warp = tid >> 5, nw = seg_lanes >> 5;
+      const uint4 lo = *reinterpret_cast<const uint4*>(&warp_max_smem[0]);
+      const uint4 hi = *reinterpret_cast<const uint4*>(&warp_max_smem[4]);
+      if (nw == 8) {
+        m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
+      } else {  // an aligned two or four within the block's first or second four warps
+        const uint4 w4 = warp < 4 ? lo : hi;
+        const int first = warp & ~(nw - 1) & 3;  // the segment's first warp within the four
+        const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-    for (int e = 0; e < E; ++e) m = max(m, abs_bits(v[e]));
-    if (seg_lanes < 32) {
-      for (int o = 1; o < seg_lanes; o <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-    } else {
-      m = warp_max(m);
-      if (seg_lanes > 32) {  // block-uniform: the segment spans 2, 4 or all 8 warps
-        __syncthreads();
-        if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
-        __syncthreads();
-        const int warp = tid >> 5, nw = seg_lanes >> 5;
-        const uint4 lo = *reinterpret_cast<const uint4*>(&warp_max_smem[0]);
-        const uint4 hi = *reinterpret_cast<const uint4*>(&warp_max_smem[4]);
-        if (nw == 8) {
-          m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
-        } else {  // an aligned two or four within the block's first or second four warps
-          const uint4 w4 = warp < 4 ? lo : hi;
-          const int first = warp & ~(nw - 1) & 3;  // the segment's first warp within the four
-          const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) m = q >= first && q < first + nw ? max(m, w[q]) : m;
-        }
+        for (int q = 0; q < 4; ++q) m = q >= first && q < first + nw ? max(m, w[q]) : m;
       }
     }
     if (p.len == 0) return;
