@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the `device` tool): builds the GPU tests, the GPU benchmarks and the
+# Python module for its GPU with all its cores, and puts the binaries where gpu_checks.sh and
+# python_gpu.sh look (.deps/bin, and LOWBIT_PY_BUILD for the module). rapidcheck is not
+# installed there: the device call carries Debian's package unpacked in .deps/rapidcheck
+# (made here by `dpkg -L librapidcheck-dev`, see docs/benchmarks.md).
+set -euo pipefail
+out=${OUT:-/tmp/out}
+b=${LOWBIT_DEVICE_BUILD:-/tmp/lowbit-device}
+prefix=$PWD/.deps/rapidcheck/usr
+cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOWBIT_ENABLE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DLOWBIT_ENABLE_PYTHON=ON -DLOWBIT_ENABLE_TESTS=ON \
+  -DLOWBIT_ENABLE_BENCH=ON -DCMAKE_PREFIX_PATH="$prefix" > "$out/device_build.log" 2>&1
+cmake --build "$b" -j "$(nproc)" >> "$out/device_build.log" 2>&1
+mkdir -p .deps/bin
+cp "$b"/proptests/gpu/lowbit_gpu_* "$b"/bench/lowbit_bench_gpu .deps/bin/
+echo "device build: $(ls .deps/bin | tr '\n' ' ')"
