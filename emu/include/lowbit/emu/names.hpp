@@ -27,9 +27,15 @@ inline const char* special_name(specials s) {
 inline std::string format_name(const format& f) {
   for (const auto& n : named_formats)
     if (n.fmt == f) return n.name;
-  std::string s = "e" + std::to_string(f.exp_bits) + "m" + std::to_string(f.man_bits);
-  s += "b" + std::to_string(f.bias);
-  s += std::string("_") + special_name(f.special);
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string here.
+  std::string s = "e";
+  s += std::to_string(f.exp_bits);
+  s += 'm';
+  s += std::to_string(f.man_bits);
+  s += 'b';
+  s += std::to_string(f.bias);
+  s += '_';
+  s += special_name(f.special);
   if (!f.is_signed) s += "_unsigned";
   if (!f.has_zero) s += "_nozero";
   return s;
