@@ -67,7 +67,7 @@ def test_json(files):
     (["{mine}", "{expected}", "--policy", "atol:nan@e4m3fn"], "atol is NaN"),
     (["{mine}", "{short}", "--format", "e4m3fn"], r"reference has shape \(3,\)"),
     (["{mine}", "{missing}", "--format", "e4m3fn"], "No such file"),
-    (["{mine}", "{pickled}", "--format", "e4m3fn"], "allow_pickle"),
+    (["{mine}", "{pickled}", "--format", "e4m3fn"], "pickled.npy: holds Python objects"),
 ])
 def test_usage_errors_exit_2(files, tmp_path, capsys, argv, message):
     files = dict(files, missing=str(tmp_path / "missing.npy"))
