@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../cast/cast_ops.hpp"
+#include "../common/element_ops.hpp"
 #include "../common/cuda_map.cuh"
 #include "../common/group_pass.cuh"
 #include "blockwise_internal.hpp"
@@ -213,7 +213,7 @@ void quantize_blockwise(const blockwise_problem& p, const exec& ex) {
   const cudaStream_t stream = stream_of(ex);
   if (p.n == 0)
     return;
-  cast_ops::dispatch_input(p.x.type, [&](auto in_tag) {
+  element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
       const In* x = p.x.ptr<const In>();

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "../cast/cast_ops.hpp"
 #include "../common/cpu.hpp"
+#include "../common/element_ops.hpp"
 #include "blockwise_internal.hpp"
 
 namespace lowbit::kernels::cpu {
@@ -28,12 +28,12 @@ void quantize_blocks(const blockwise_problem& p, const In* x, std::uint8_t* code
     const std::int64_t i0 = b * p.block, i1 = std::min(p.n, i0 + p.block);
     std::uint32_t m = 0;
     for (std::int64_t i = i0; i < i1; ++i)
-      m = std::max(m, ops::abs_bits(cast_ops::load(x[i])));
+      m = std::max(m, ops::abs_bits(element_ops::load(x[i])));
     amax_out[b] = m;
     for (std::int64_t i = i0; i < i1; ++i) {
       const std::uint32_t rb = p.stochastic ? p.rng.bits(static_cast<std::uint64_t>(i)) : 0u;
       codes[i] = static_cast<std::uint8_t>(
-          ops::encode(p.tb, cast_ops::load(x[i]), m, p.stochastic, rb, p.zero_code));
+          ops::encode(p.tb, element_ops::load(x[i]), m, p.stochastic, rb, p.zero_code));
     }
   }
 }
@@ -42,7 +42,7 @@ void quantize_blocks(const blockwise_problem& p, const In* x, std::uint8_t* code
 
 void quantize_blockwise(const blockwise_problem& p, const exec& ex) {
   std::vector<std::uint32_t> amax(static_cast<std::size_t>(p.blocks));
-  cast_ops::dispatch_input(p.x.type, [&](auto in_tag) {
+  element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
       const In* x = p.x.ptr<const In>();
@@ -99,7 +99,7 @@ void dequantize_blockwise(const blockwise_dequant_problem& p, const exec& ex) {
 void estimate_quantiles(const quantile_problem& p, const exec& ex) {
   const std::int64_t k = p.k, n = p.n;
   std::vector<float> part(static_cast<std::size_t>(p.chunks * k));
-  cast_ops::dispatch_input(p.x.type, [&](auto in_tag) {
+  element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
       const In* x = p.x.ptr<const In>();
@@ -111,8 +111,8 @@ void estimate_quantiles(const quantile_problem& p, const exec& ex) {
               const std::int64_t i0 = c * quantile_chunk, m = std::min(n - i0, quantile_chunk);
               keys.resize(static_cast<std::size_t>(m));
               for (std::int64_t i = 0; i < m; ++i)
-                keys[static_cast<std::size_t>(i)] =
-                    ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(x[i0 + i])));
+                keys[static_cast<std::size_t>(i)] = ops::order_key(
+                    emu::detail::bit_cast<std::uint32_t>(element_ops::load(x[i0 + i])));
               std::sort(keys.begin(), keys.end());
               for (std::int64_t q = 0; q < k; ++q)
                 part[static_cast<std::size_t>(c * k + q)] = emu::detail::bit_cast<float>(

@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "../cast/cast_ops.hpp"
+#include "../common/element_ops.hpp"
 #include "../common/async_copy.cuh"
 #include "../common/cuda.hpp"
 #include "blockwise_internal.hpp"
@@ -38,15 +38,15 @@ static_assert(sort_threads * sort_items == quantile_chunk);
 static_assert(sort_threads % 32 == 0);
 
 // Low key bits the sort skips: a float16 value has at most 11 significant bits and a bfloat16
-// value 8, so the low 13 (16) bits of the float32 from cast_ops::load are 0 (NaNs decode to the
+// value 8, so the low 13 (16) bits of the float32 from element_ops::load are 0 (NaNs decode to the
 // quiet NaN), and order_key keeps or inverts them with the sign. Keys equal on the other bits are
 // then equal: 3 (2) radix passes instead of 4, the same sorted keys.
 template <class In>
 constexpr int key_skip_bits = 0;
 template <>
-constexpr int key_skip_bits<cast_ops::f16_bits> = 13;
+constexpr int key_skip_bits<element_ops::f16_bits> = 13;
 template <>
-constexpr int key_skip_bits<cast_ops::bf16_bits> = 16;
+constexpr int key_skip_bits<element_ops::bf16_bits> = 16;
 
 // The sorted bits [skip, 32) split into the fewest passes of at most sort_max_bits, as evenly as
 // possible, wider passes first (float32: 8 8 8 8; float16: 7 6 6; bfloat16: 8 8): the ballots
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(sort_threads, 4)
 #pragma unroll
           for (int e = 0; e < per_piece; ++e)
             keys[p * per_piece + e] =
-                ops::order_key(emu::detail::bit_cast<std::uint32_t>(cast_ops::load(w.v[e])));
+                ops::order_key(emu::detail::bit_cast<std::uint32_t>(element_ops::load(w.v[e])));
         }
         prefetch(c + gridDim.x);
       } else {
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(sort_threads, 4)
         for (int j = 0; j < sort_items; ++j) {
           const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
           keys[j] = pos < m ? ops::order_key(emu::detail::bit_cast<std::uint32_t>(
-                                  cast_ops::load(x[c * quantile_chunk + pos])))
+                                  element_ops::load(x[c * quantile_chunk + pos])))
                             : padding;
         }
       }
@@ -348,7 +348,7 @@ __global__ void total_sums_kernel(const double* __restrict__ sums, std::int64_t 
 void estimate_quantiles(const quantile_problem& p, const exec& ex) {
   const cudaStream_t stream = stream_of(ex);
   scratch part(sizeof(float) * static_cast<std::size_t>(p.chunks * p.k), stream);
-  cast_ops::dispatch_input(p.x.type, [&](auto in_tag) {
+  element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
       // Exactly one wave of resident blocks, each looping over chunks: no partial last wave,

@@ -1,7 +1,7 @@
 // CUDA kernels of the cast technique: the per-element code of cast_ops.hpp in the shared
 // element-wise map (16-byte vector loads, grid-stride, 64-bit indices).
 #include "../common/cuda_map.cuh"
-#include "../common/dispatch_target.hpp"
+#include "../common/dispatch.hpp"
 #include "../common/matrix.hpp"
 #include "cast_internal.hpp"
 #include "cast_ops.hpp"
@@ -49,7 +49,7 @@ void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
   const matrix_shape im = as_matrix(in, "x"), om = as_matrix(out, "out");
   cast_ops::dispatch_input(in.type, [&](auto in_tag) {
     using In = decltype(in_tag);
-    detail::dispatch_target_for<In>(target::of(fmt), [&](auto ft) {
+    detail::dispatch_hot_format_for<In>(fmt, [&](auto ft) {
       with_code<In>(ft, out.type, [&](auto code_tag) {
         using Code = decltype(code_tag);
         detail::dispatch_policy(pol, [&](auto pt) {
@@ -65,7 +65,7 @@ void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
 void decode(const tensor_view& codes, const tensor_view& out, const emu::format& fmt,
             const exec& ex) {
   const matrix_shape cm = as_matrix(codes, "codes"), om = as_matrix(out, "out");
-  detail::dispatch_target(target::of(fmt), [&](auto ft) {
+  detail::dispatch_hot_format(fmt, [&](auto ft) {
     with_code<void>(ft, codes.type, [&](auto code_tag) {
       using Code = decltype(code_tag);
       const auto run = [&](auto out_tag) {

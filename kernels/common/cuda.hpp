@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -82,6 +83,22 @@ inline unsigned grid_for(std::int64_t work, int threads, int blocks_per_sm = 8) 
   const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * blocks_per_sm;
   const std::int64_t g = need < cap ? need : cap;
   return static_cast<unsigned>(g < 1 ? 1 : g);
+}
+
+// Blocks along y of a 2-D grid-stride loop whose gx blocks along x span a row (or a band of
+// rows): about eight blocks per SM in all, at least one, at most one per row and 65535.
+inline unsigned grid_rows_for(std::int64_t rows, unsigned gx) {
+  const std::int64_t want = std::max<std::int64_t>(1, std::int64_t{sm_count()} * 8 / gx);
+  return static_cast<unsigned>(
+      std::max<std::int64_t>(1, std::min({want, rows, std::int64_t{65535}})));
+}
+
+// The grid of a loop over `rows` rows of `row_work` items each (a thread per item and step):
+// blocks along a row for its items (up to 1024), grid_rows_for along the rows.
+inline dim3 grid_2d_for(std::int64_t row_work, std::int64_t rows, int threads) {
+  const auto gx =
+      static_cast<unsigned>(std::min<std::int64_t>((row_work + threads - 1) / threads, 1024));
+  return dim3(gx, grid_rows_for(rows, gx));
 }
 
 // Throws unless the view's memory is device memory of the current device (catches host

@@ -1,13 +1,16 @@
-// Turns run-time formats and policies into compile-time constants for the hot loops. A kernel body
-// receives a "format tag" and a "policy tag" and asks them for the value; where the tag is fixed
-// the value is a constant and emu's converter folds to straight-line code; otherwise the same body
-// runs with run-time values. Shared by CPU twins and CUDA kernels.
+// Turns run-time formats, targets and policies into compile-time constants for the hot loops. A
+// kernel body receives a "format tag" and a "policy tag" and asks them for the value; where the
+// tag is fixed the value is a constant and emu's converter folds to straight-line code; otherwise
+// the same body runs with run-time values. Shared by CPU twins and CUDA kernels of every technique.
 #pragma once
+
+#include <type_traits>
 
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/emu/format.hpp>
 #include <lowbit/emu/integer.hpp>
 #include <lowbit/emu/policy.hpp>
+#include <lowbit/emu/target.hpp>
 
 namespace lowbit::kernels::detail {
 
@@ -21,6 +24,64 @@ struct runtime_format {
   emu::format f;
   LOWBIT_HD constexpr emu::format get() const { return f; }
 };
+
+// An integer target fixed at compile time (int8 symmetric: SwitchBack and LLM.int8 style). It
+// has no format: code that takes a format tag asks is_fixed_int first.
+template <emu::int_format I> struct fixed_int {
+  static constexpr bool fixed = true;
+  LOWBIT_HD static constexpr emu::int_format get_int() { return I; }
+};
+
+template <class T> inline constexpr bool is_fixed_int = false;
+template <emu::int_format I> inline constexpr bool is_fixed_int<fixed_int<I>> = true;
+
+// The run-time tag of a target. An integer target's code reads the target itself (t.is_int
+// first) and never the tag's format, so the tag holds an empty format rather than a member of
+// the target that is not held.
+inline runtime_format runtime_format_of(const emu::target& t) {
+  return runtime_format{t.is_int ? emu::format{} : t.fmt};
+}
+
+// A format to a tag for the GPU kernels: e4m3fn and e5m2 (the hot fp8 formats) become
+// compile-time constants, every other format a run-time value (the CPU twins use
+// dispatch_format, which fixes every named format).
+template <class Fn>
+decltype(auto) dispatch_hot_format(const emu::format& f, Fn&& fn) {
+  if (f == emu::e4m3fn) return fn(fixed_format<emu::e4m3fn>{});
+  if (f == emu::e5m2) return fn(fixed_format<emu::e5m2>{});
+  return fn(runtime_format{f});
+}
+
+// The same for float32 inputs only (the hot path); other input types take the run-time path,
+// which keeps the number of kernel instantiations (and build time) in check.
+template <class In, class Fn>
+decltype(auto) dispatch_hot_format_for(const emu::format& f, Fn&& fn) {
+  if constexpr (std::is_same_v<In, float>)
+    return dispatch_hot_format(f, fn);
+  else
+    return fn(runtime_format{f});
+}
+
+// A target to a tag: e4m3fn and e5m2 (the hot fp8 formats) and int8 symmetric become
+// compile-time constants, every other format and integer target a run-time value (GPU kernels).
+template <class Fn> decltype(auto) dispatch_target(const emu::target& t, Fn&& fn) {
+  if (!t.is_int && t.fmt == emu::e4m3fn)
+    return fn(fixed_format<emu::e4m3fn>{});
+  if (!t.is_int && t.fmt == emu::e5m2)
+    return fn(fixed_format<emu::e5m2>{});
+  if (t.is_int && t.ifmt == emu::int8_sym)
+    return fn(fixed_int<emu::int8_sym>{});
+  return fn(runtime_format_of(t));
+}
+
+// Compile-time targets for float32 inputs only (the hot path); other input types take the
+// run-time path, which keeps the number of kernel instantiations (and build time) in check.
+template <class In, class Fn> decltype(auto) dispatch_target_for(const emu::target& t, Fn&& fn) {
+  if constexpr (std::is_same_v<In, float>)
+    return dispatch_target(t, fn);
+  else
+    return fn(runtime_format_of(t));
+}
 
 // Named formats become compile-time tags (CPU twins; the GPU kernels use dispatch_target).
 template <class Fn>

@@ -26,9 +26,9 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "../cast/cast_ops.hpp"
 #include "async_copy.cuh"
 #include "cuda_map.cuh"
+#include "element_ops.hpp"
 #include "matrix.hpp"
 
 namespace lowbit::kernels::cuda {
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(threads)
     std::uint32_t m = 0;
     for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
       for (std::int64_t c = c0 + lane; c < c1; c += lanes)
-        m = max(m, abs_bits(cast_ops::load(x[r * xrs + c])));
+        m = max(m, abs_bits(element_ops::load(x[r * xrs + c])));
     m = block_max(m);
     const auto grp = rule.begin(m);
     if (threadIdx.x == 0) scales[g] = rule.stored(grp);
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(threads)
         const std::uint32_t rb =
             rule.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
         codes[r * crs + c] =
-            code_value<Rule, Code>(element_of(rule, grp, slow, cast_ops::load(x[r * xrs + c]), rb));
+            code_value<Rule, Code>(element_of(rule, grp, slow, element_ops::load(x[r * xrs + c]), rb));
       }
   }
 }
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
       for (int j = 0; j < J; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          v[j * 4 + e] = offset(j) + e < p.len ? cast_ops::load(xs[offset(j) + e]) : 0.0f;
+          v[j * 4 + e] = offset(j) + e < p.len ? element_ops::load(xs[offset(j) + e]) : 0.0f;
       encode(p, v);
     }
     return;
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
       chunk w = {};
       if (offset(j) < p.len) w = *slot(s_read, j);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) v[j * 4 + e] = cast_ops::load(w.v[e]);
+      for (int e = 0; e < 4; ++e) v[j * 4 + e] = element_ops::load(w.v[e]);
     }
     encode(p, v);
     s_read = s_read + 1 == stages ? 0 : s_read + 1;
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(flat_threads, 1)
       static_assert(sizeof(piece) == sizeof(uint4));
       __builtin_memcpy(&w, &w4, sizeof(w));
 #pragma unroll
-      for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = cast_ops::load(w.v[e]);
+      for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = element_ops::load(w.v[e]);
     }
     encode(v, out, sc, first_of(t), true);  // (first_of is needed by stochastic rules only)
     out += stride;
@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(flat_threads, 1)
     // the partial tile, by one block, element by element
     const std::int64_t i0 = first_of(tiles);
 #pragma unroll
-    for (int e = 0; e < E; ++e) v[e] = i0 + e < n ? cast_ops::load(x[i0 + e]) : 0.0f;
+    for (int e = 0; e < E; ++e) v[e] = i0 + e < n ? element_ops::load(x[i0 + e]) : 0.0f;
     encode(v, out, sc, i0, false);
   }
 }

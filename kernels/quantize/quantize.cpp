@@ -11,17 +11,6 @@
 
 namespace lowbit::kernels {
 
-double target::max_value() const {
-  return is_int ? static_cast<double>(ifmt.max()) : emu::max_value(fmt);
-}
-
-dtype target::code_dtype() const {
-  if (is_int) return ifmt.is_signed ? dtype::int8 : dtype::uint8;
-  return fmt.bits() <= 8 ? dtype::uint8 : dtype::uint16;
-}
-
-int target::emax() const { return is_int ? 0 : fmt.emax(); }
-
 std::int64_t grouping::scale_rows(std::int64_t m) const {
   switch (k) {
     case kind::tensor: case kind::columns: return 1;

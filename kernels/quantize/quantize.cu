@@ -17,7 +17,7 @@
 
 #include "../common/cuda_map.cuh"
 #include "../common/group_pass.cuh"
-#include "../common/dispatch_target.hpp"
+#include "../common/dispatch.hpp"
 #include "quantize_internal.hpp"
 #include "quantize_ops.hpp"
 
@@ -55,18 +55,18 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(w[u].v[e])));
+          for (int e = 0; e < V; ++e) m = max(m, abs_bits(element_ops::load(w[u].v[e])));
       }
       for (; t0 < nv; t0 += blockDim.x)  // the last, partial group of U (this thread's part)
-        for (int e = 0; e < V; ++e) m = max(m, abs_bits(cast_ops::load(x[t0 * V + e])));
+        for (int e = 0; e < V; ++e) m = max(m, abs_bits(element_ops::load(x[t0 * V + e])));
       i = nv * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     }
-    for (; i < n; i += step) m = max(m, abs_bits(cast_ops::load(x[i])));
+    for (; i < n; i += step) m = max(m, abs_bits(element_ops::load(x[i])));
   } else {
     for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
       for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
            c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
+        m = max(m, abs_bits(element_ops::load(x[r * rs + c])));
   }
   m = block_max(m);
   if (threadIdx.x == 0) amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(threads)
   if (c < cols)
     for (std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * 8 + threadIdx.y; r < rows;
          r += static_cast<std::int64_t>(gridDim.y) * 8)
-      m = max(m, abs_bits(cast_ops::load(x[r * rs + c])));
+      m = max(m, abs_bits(element_ops::load(x[r * rs + c])));
   part[threadIdx.y][threadIdx.x] = m;
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
@@ -147,7 +147,7 @@ struct column_op {
   template <class In>
   __device__ Code operator()(In x, std::int64_t, std::int64_t c, std::uint32_t rbits) const {
     return static_cast<Code>(
-        quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), q[c], rbits));
+        quant_ops::quantize_element(t, ft, pt, element_ops::load(x), q[c], rbits));
   }
 };
 
@@ -167,7 +167,7 @@ struct tensor_op {
   }
   template <class In>
   __device__ Code operator()(In x, std::int64_t, std::int64_t, std::uint32_t rbits) const {
-    return static_cast<Code>(quant_ops::quantize_element(t, ft, pt, cast_ops::load(x), qv, rbits));
+    return static_cast<Code>(quant_ops::quantize_element(t, ft, pt, element_ops::load(x), qv, rbits));
   }
 };
 
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(threads)
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
          c < cols; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-      const float v = cast_ops::load(x[r * xrs + c]);
+      const float v = element_ops::load(x[r * xrs + c]);
       m = max(m, abs_bits(v));
       const std::uint32_t rb =
           pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * cols + c)) : 0u;
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
     for (int k = 0; k < 32; k += 8) {
       const std::int64_t r = r0 + threadIdx.y + k, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[threadIdx.y + k][threadIdx.x] = cast_ops::load(x[r * xrs + c]);
+      if (r < rows && c < cols) tile[threadIdx.y + k][threadIdx.x] = element_ops::load(x[r * xrs + c]);
     }
     __syncthreads();
 #pragma unroll
@@ -278,7 +278,7 @@ struct mx_rule {
 // from the target: uint8 for the fixed fp8 formats, else whatever the codes view holds.
 template <class Fn>
 void with_kernel_types(dtype in, dtype code, const target& t, const emu::policy& pol, Fn&& fn) {
-  cast_ops::dispatch_input(in, [&](auto in_tag) {
+  element_ops::dispatch_input(in, [&](auto in_tag) {
     using In = decltype(in_tag);
     if constexpr (!std::is_same_v<In, double>) {
       detail::dispatch_target_for<In>(t, [&](auto ft) {
@@ -295,118 +295,154 @@ void with_kernel_types(dtype in, dtype code, const target& t, const emu::policy&
   });
 }
 
+// How quantize() runs a problem: which kernels, in which order.
+enum class schedule : std::uint8_t {
+  given_scale,  // the cast with the caller's scale
+  history,      // delayed scaling: the scale from the history, then the cast fused with the amax
+  tensor,       // the amax kernel's block maxima -> tensor_scale_kernel -> the cast
+  columns,      // per-column amax -> scale_kernel -> the cast (transposed or not); also the single
+                // scale of an empty tensor
+  groups,       // one pass per group (group_pass.cuh), or an empty input's scales alone
+};
+
+schedule schedule_of(const quant_problem& p) {
+  if (p.src == scale_source::given) return schedule::given_scale;
+  if (p.src == scale_source::history) return schedule::history;
+  switch (p.g.k) {
+    case grouping::kind::tensor:
+      return p.xm.rows * p.xm.cols != 0 ? schedule::tensor : schedule::columns;
+    case grouping::kind::columns: return schedule::columns;
+    default: return schedule::groups;
+  }
+}
+
+// The launches of each schedule for one set of kernel types (with_kernel_types).
+template <class In, class Code, class FT, class PT>
+struct quantize_launch {
+  const quant_problem& p;
+  FT ft;
+  PT pt;
+  cudaStream_t stream;
+
+  std::int64_t m() const { return p.xm.rows; }
+  std::int64_t n() const { return p.xm.cols; }
+  const In* x() const { return p.x.ptr<const In>(); }
+  Code* codes() const { return p.codes.ptr<Code>(); }
+  float* scales() const { return p.scales.ptr<float>(); }
+
+  void tensor_cast(const float* q) const {
+    launch_map(x(), p.xm.row_stride, codes(), p.cm.row_stride, m(), n(),
+               tensor_op<FT, PT, Code>{p.t, ft, pt, q}, pt.stochastic(), p.rng, stream);
+  }
+
+  // scales[g] = d from amax[g] (q to `q`) for `groups` groups.
+  void group_scales(const std::uint32_t* amax, float* q, std::int64_t groups) const {
+    scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(amax, q, scales(), groups,
+                                                                    p.target_max, p.sc);
+    check_launch("scale_kernel");
+  }
+
+  void given_scale() const { tensor_cast(p.scale_in.ptr<const float>()); }
+
+  void history() const {
+    float* hist = p.scale_in.ptr<float>();
+    history_kernel<<<1, 32, 0, stream>>>(hist, static_cast<int>(p.scale_in.numel()), p.reduce,
+                                         scales(), p.target_max, p.sc);
+    check_launch("history_kernel");
+    if (m() * n() == 0) return;
+    cast_amax_kernel<<<grid_2d_for(n(), m(), threads), threads, 0, stream>>>(
+        x(), m(), n(), p.xm.row_stride, codes(), p.cm.row_stride, p.t, ft, pt, scales(),
+        reinterpret_cast<std::uint32_t*>(hist), p.rng);
+    check_launch("cast_amax_kernel");
+  }
+
+  // The amax kernel's grid: one flat loop where x is contiguous, else rows along y.
+  dim3 amax_grid() const {
+    const bool flat = p.xm.contiguous();
+    const unsigned gx = grid_for(flat ? m() * n() : n(), threads);
+    return dim3(gx, flat ? 1u : grid_rows_for(m(), gx));
+  }
+
+  // The amax kernel's block maxima (nothing to zero first), the scale from them, the cast.
+  void tensor() const {
+    const dim3 grid = amax_grid();
+    const int parts = static_cast<int>(grid.x * grid.y);
+    scratch partial(sizeof(std::uint32_t) * parts + sizeof(float), stream);
+    amax_tensor_kernel<<<grid, threads, 0, stream>>>(x(), m(), n(), p.xm.row_stride,
+                                                     partial.as<std::uint32_t>());
+    check_launch("amax_tensor_kernel");
+    float* q = reinterpret_cast<float*>(partial.as<std::uint32_t>() + parts);
+    tensor_scale_kernel<<<1, threads, 0, stream>>>(partial.as<const std::uint32_t>(), parts, q,
+                                                   scales(), p.target_max, p.sc);
+    check_launch("tensor_scale_kernel");
+    tensor_cast(q);
+  }
+
+  void columns() const {
+    const bool cols = p.g.k == grouping::kind::columns;
+    const std::int64_t groups = cols ? n() : 1;
+    scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
+    if (m() * n() != 0) {  // columns (an empty tensor only needs its scale)
+      const auto gx = static_cast<unsigned>((n() + 31) / 32);
+      amax_columns_kernel<<<dim3(gx, grid_rows_for((m() + 7) / 8, gx)), dim3(32, 8), 0, stream>>>(
+          x(), m(), n(), p.xm.row_stride, amax.as<std::uint32_t>());
+      check_launch("amax_columns_kernel");
+    }
+    group_scales(amax.as<std::uint32_t>(), q.as<float>(), groups);
+    if (m() * n() == 0) return;  // an empty tensor's scale only
+    if (p.transpose) {
+      const std::int64_t tiles = ((m() + 31) / 32) * ((n() + 31) / 32);
+      cast_transpose_kernel<<<grid_for(tiles * threads, threads), dim3(32, 8), 0, stream>>>(
+          x(), m(), n(), p.xm.row_stride, codes(), p.cm.row_stride, p.t, ft, pt,
+          q.as<const float>(), p.rng);
+      check_launch("cast_transpose_kernel");
+    } else {
+      launch_map(x(), p.xm.row_stride, codes(), p.cm.row_stride, m(), n(),
+                 column_op<FT, PT, Code>{p.t, ft, pt, q.as<const float>()}, pt.stochastic(),
+                 p.rng, stream);
+    }
+  }
+
+  void groups() const {
+    if (m() * n() == 0) {
+      // Groups without elements still get their scale: amax 0 gives d = 1.
+      const std::int64_t groups = p.g.scale_rows(m()) * p.g.scale_cols(n());
+      if (groups == 0) return;
+      scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
+      LOWBIT_CUDA_CHECK(
+          cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
+      group_scales(amax.as<std::uint32_t>(), q.as<float>(), groups);
+      return;
+    }
+    const std::int64_t gr = p.g.k == grouping::kind::tiles ? p.g.tile_rows : 1;
+    const std::int64_t gc =
+        p.g.k == grouping::kind::rows ? std::max<std::int64_t>(n(), 1) : p.g.tile_cols;
+    launch_groups(x(), p.xm, codes(), p.cm, scales(), gr, gc,
+                  amax_rule<FT, PT>{p.t, ft, pt, p.target_max, p.sc}, p.rng, stream);
+  }
+
+  void run(schedule s) const {
+    switch (s) {
+      case schedule::given_scale: return given_scale();
+      case schedule::history: return history();
+      case schedule::tensor: return tensor();
+      case schedule::columns: return columns();
+      case schedule::groups: return groups();
+    }
+  }
+};
+
 }  // namespace
 
 void quantize(const quant_problem& p, const exec& ex) {
-  const cudaStream_t stream = stream_of(ex);
-  const std::int64_t m = p.xm.rows, n = p.xm.cols;
-  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol, [&](auto in_tag, auto code_tag, auto ft,
-                                                            auto pt) {
-    using In = decltype(in_tag);
-    using Code = decltype(code_tag);
-    using FT = decltype(ft);
-    using PT = decltype(pt);
-    const bool sr = pt.stochastic();
-    const In* x = p.x.ptr<const In>();
-    Code* codes = p.codes.ptr<Code>();
-    float* scales = p.scales.ptr<float>();
-    const auto tensor_cast = [&](const float* q) {
-      launch_map(x, p.xm.row_stride, codes, p.cm.row_stride, m, n,
-                 tensor_op<FT, PT, Code>{p.t, ft, pt, q}, sr, p.rng, stream);
-    };
-    const auto amax_grid = [&]() {
-      const unsigned gx = grid_for(p.xm.contiguous() ? m * n : n, threads);
-      const unsigned gy = p.xm.contiguous() ? 1u
-                                             : static_cast<unsigned>(std::min<std::int64_t>(
-                                                   std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>(m, 65535)));
-      return dim3(gx, gy < 1 ? 1 : gy);
-    };
-
-    if (p.src == scale_source::given) {
-      tensor_cast(p.scale_in.ptr<const float>());
-      return;
-    }
-    if (p.src == scale_source::history) {
-      float* hist = p.scale_in.ptr<float>();
-      history_kernel<<<1, 32, 0, stream>>>(hist, static_cast<int>(p.scale_in.numel()), p.reduce,
-                                           scales, p.target_max, p.sc);
-      check_launch("history_kernel");
-      if (m * n == 0) return;
-      const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((n + threads - 1) / threads, 1024));
-      const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
-          std::min<std::int64_t>(m, 65535), std::max<std::int64_t>(1, sm_count() * 8 / gx)));
-      cast_amax_kernel<<<dim3(gx, gy), threads, 0, stream>>>(
-          x, m, n, p.xm.row_stride, codes, p.cm.row_stride, p.t, ft, pt, scales,
-          reinterpret_cast<std::uint32_t*>(hist), p.rng);
-      check_launch("cast_amax_kernel");
-      return;
-    }
-    switch (p.g.k) {
-      case grouping::kind::tensor:
-        if (m * n != 0) {
-          // The amax kernel's block maxima (nothing to zero first), the scale from them, the cast.
-          const dim3 grid = amax_grid();
-          const int parts = static_cast<int>(grid.x * grid.y);
-          scratch partial(sizeof(std::uint32_t) * parts + sizeof(float), stream);
-          amax_tensor_kernel<<<grid, threads, 0, stream>>>(x, m, n, p.xm.row_stride,
-                                                          partial.as<std::uint32_t>());
-          check_launch("amax_tensor_kernel");
-          float* q = reinterpret_cast<float*>(partial.as<std::uint32_t>() + parts);
-          tensor_scale_kernel<<<1, threads, 0, stream>>>(partial.as<const std::uint32_t>(), parts,
-                                                          q, scales, p.target_max, p.sc);
-          check_launch("tensor_scale_kernel");
-          tensor_cast(q);
-          return;
-        }
-        [[fallthrough]];
-      case grouping::kind::columns: {
-        const bool cols = p.g.k == grouping::kind::columns;
-        const std::int64_t groups = cols ? n : 1;
-        scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
-        LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
-        if (m * n != 0) {  // columns (an empty tensor only needs its scale)
-          const unsigned gx = static_cast<unsigned>((n + 31) / 32);
-          const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
-              std::max<std::int64_t>(1, sm_count() * 8 / gx), std::min<std::int64_t>((m + 7) / 8, 65535)));
-          amax_columns_kernel<<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(
-              x, m, n, p.xm.row_stride, amax.as<std::uint32_t>());
-          check_launch("amax_columns_kernel");
-        }
-        scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
-            amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
-        check_launch("scale_kernel");
-        if (m * n == 0) return;  // an empty tensor's scale only
-        if (p.transpose) {
-          const std::int64_t tiles = ((m + 31) / 32) * ((n + 31) / 32);
-          cast_transpose_kernel<<<grid_for(tiles * threads, threads), dim3(32, 8), 0, stream>>>(
-              x, m, n, p.xm.row_stride, codes, p.cm.row_stride, p.t, ft, pt, q.as<const float>(),
-              p.rng);
-          check_launch("cast_transpose_kernel");
-        } else {
-          launch_map(x, p.xm.row_stride, codes, p.cm.row_stride, m, n,
-                     column_op<FT, PT, Code>{p.t, ft, pt, q.as<const float>()},
-                     sr, p.rng, stream);
-        }
-        return;
-      }
-      default: break;
-    }
-    const std::int64_t gr = p.g.k == grouping::kind::tiles ? p.g.tile_rows : 1;
-    const std::int64_t gc = p.g.k == grouping::kind::rows ? std::max<std::int64_t>(n, 1) : p.g.tile_cols;
-    if (m * n == 0) {
-      // Groups without elements still get their scale: amax 0 gives d = 1.
-      const std::int64_t groups = p.g.scale_rows(m) * p.g.scale_cols(n);
-      if (groups == 0) return;
-      scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
-      LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
-      scale_kernel<<<grid_for(groups, threads), threads, 0, stream>>>(
-          amax.as<std::uint32_t>(), q.as<float>(), scales, groups, p.target_max, p.sc);
-      check_launch("scale_kernel");
-      return;
-    }
-    launch_groups(x, p.xm, codes, p.cm, scales, gr, gc,
-                  amax_rule<FT, PT>{p.t, ft, pt, p.target_max, p.sc}, p.rng, stream);
-  });
+  const schedule s = schedule_of(p);
+  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol,
+                    [&](auto in_tag, auto code_tag, auto ft, auto pt) {
+                      quantize_launch<decltype(in_tag), decltype(code_tag), decltype(ft),
+                                      decltype(pt)>{p, ft, pt, stream_of(ex)}
+                          .run(s);
+                    });
 }
 
 void quantize_mx(const mx_problem& p, const exec& ex) {
@@ -500,23 +536,20 @@ void launch_dequant(const dequant_problem& p, const Scale* scales, const scale_l
                     cudaStream_t stream) {
   const std::int64_t m = p.cm.rows, n = p.cm.cols;
   if (m * n == 0) return;
-  const std::int64_t chunks = (n + 7) / 8;
-  const unsigned gx = static_cast<unsigned>(std::min<std::int64_t>((chunks + threads - 1) / threads, 1024));
-  const unsigned gy = static_cast<unsigned>(std::min<std::int64_t>(
-      std::min<std::int64_t>(m, 65535), std::max<std::int64_t>(1, sm_count() * 8 / gx)));
+  const dim3 grid = grid_2d_for((n + 7) / 8, m, threads);  // a thread per 8 elements
   const auto run = [&](auto code_tag, auto ft) {
     using Code = decltype(code_tag);
     const bool vector = p.cm.row_stride % 8 == 0 && p.om.row_stride % 4 == 0 &&
                         aligned_to<Code>(p.codes.ptr<const Code>(), sizeof(Code) * 8) &&
                         aligned_to<float>(p.out.ptr<float>(), 16);
-    dequant_kernel<MX><<<dim3(gx, gy), threads, 0, stream>>>(
+    dequant_kernel<MX><<<grid, threads, 0, stream>>>(
         p.codes.ptr<const Code>(), p.cm.row_stride, p.out.ptr<float>(), p.om.row_stride, m, n,
         scales, lay, p.t, ft, vector);
     check_launch("dequant_kernel");
   };
   const auto with_format = [&](auto code_tag) {
     if constexpr (MX) {
-      run(code_tag, detail::runtime_format{p.t.fmt});
+      run(code_tag, detail::runtime_format_of(p.t));
     } else {
       detail::dispatch_target(p.t, [&](auto ft) { run(code_tag, ft); });
     }

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../common/cpu.hpp"
-#include "../common/dispatch_target.hpp"
+#include "../common/dispatch.hpp"
 #include "quantize_internal.hpp"
 #include "quantize_ops.hpp"
 
@@ -29,7 +29,7 @@ struct quantizer {
   Code* codes = p.codes.template ptr<Code>();
 
   float load(std::int64_t r, std::int64_t c) const {
-    return cast_ops::load(x[r * p.xm.row_stride + c]);
+    return element_ops::load(x[r * p.xm.row_stride + c]);
   }
 
   std::uint32_t amax_bits(const rect& g) const {
@@ -157,7 +157,7 @@ struct quantizer {
 // Calls fn(input tag, code type tag) for the dtypes of a quantization call.
 template <class Fn>
 void with_types(dtype in, dtype code, Fn&& fn) {
-  cast_ops::dispatch_input(in, [&](auto in_tag) {
+  element_ops::dispatch_input(in, [&](auto in_tag) {
     switch (code) {
       case dtype::int8: return fn(in_tag, std::int8_t{});
       case dtype::uint16: return fn(in_tag, std::uint16_t{});
@@ -239,14 +239,14 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
                     std::uint32_t amax = 0;
                     for (std::int64_t c = c0; c < c1; ++c)
                       amax = std::max(amax, quant_ops::abs_bits(
-                                                cast_ops::load(x[r * p.xm.row_stride + c])));
+                                                element_ops::load(x[r * p.xm.row_stride + c])));
                     const std::uint32_t sc = quant_ops::mx_scale_code(amax, emax);
                     scales[r * nb + j] = static_cast<std::uint8_t>(sc);
                     for (std::int64_t c = c0; c < c1; ++c) {
                       const std::uint64_t i = static_cast<std::uint64_t>(r * n + c);
                       const std::uint32_t rb = pt.stochastic() ? p.rng.bits(i) : 0u;
                       codes[r * p.cm.row_stride + c] = static_cast<Code>(quant_ops::mx_element(
-                          p.t, ft, pt, cast_ops::load(x[r * p.xm.row_stride + c]), sc, rb));
+                          p.t, ft, pt, element_ops::load(x[r * p.xm.row_stride + c]), sc, rb));
                     }
                   }
               },

@@ -8,8 +8,8 @@
 #include <lowbit/emu/integer.hpp>
 #include <lowbit/kernels/quantize.hpp>
 
-#include "../cast/cast_ops.hpp"
-#include "../common/dispatch_target.hpp"
+#include "../common/dispatch.hpp"
+#include "../common/element_ops.hpp"
 
 namespace lowbit::kernels::quant_ops {
 
@@ -161,7 +161,7 @@ LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float element_value(const target& t, std::uin
   return emu::decode<float>(t.fmt, code);
 }
 
-// The same through a format tag (dispatch_target.hpp): inline where the target is a
+// The same through a format tag (common/dispatch.hpp): inline where the target is a
 // compile-time constant, the out-of-line function above otherwise.
 template <class FormatTag>
 LOWBIT_HD LOWBIT_INLINE float element_value(const target& t, FormatTag, std::uint32_t code) {
@@ -219,9 +219,13 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, 
     return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, y, pt.get(), rbits)) &
            0xFFu;
   }
-  emu::format f = ft.get();  // exact for every policy: x / 2^s is x in the format with bias - s
-  f.bias -= s;
-  return detail::encode_generic(f, x, pt.get(), rbits);
+  if constexpr (!detail::is_fixed_int<FormatTag>) {
+    emu::format f = ft.get(); // exact for every policy: x / 2^s is x in the format with bias - s
+    f.bias -= s;
+    return detail::encode_generic(f, x, pt.get(), rbits);
+  } else {
+    return 0u; // not reached: an integer tag took the branch above
+  }
 }
 
 LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t code,

@@ -13,22 +13,14 @@
 #include <lowbit/emu/integer.hpp>
 #include <lowbit/emu/philox.hpp>
 #include <lowbit/emu/policy.hpp>
+#include <lowbit/emu/target.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
 namespace lowbit::kernels {
 
-// What an element becomes: a code of a floating-point format (that fits float) or an integer.
-struct target {
-  bool is_int = false;
-  emu::format fmt = emu::e4m3fn;
-  emu::int_format ifmt = emu::int8_sym;
-
-  static target of(const emu::format& f) { return target{false, f, emu::int8_sym}; }
-  static target of(const emu::int_format& f) { return target{true, emu::e4m3fn, f}; }
-  double max_value() const;   // largest finite value: the format's max, or the integer max
-  dtype code_dtype() const;   // uint8/uint16 for formats, int8/uint8 for integers (one per byte)
-  int emax() const;           // exponent of the largest value (MX scale rule); 0 for MXINT8
-};
+// What an element becomes: a code of a floating-point format (that fits float) or an integer
+// (emu/target.hpp; kept under this name for the callers of the kernels).
+using target = emu::target;
 
 // How a group's scale follows from its absolute maximum `amax`:
 //   q = max_value / amax / 2^margin, rounded down to a power of two when pow2;
@@ -89,7 +81,8 @@ void quantize_delayed(const tensor_view& x, const tensor_view& codes,
 // OCP MX v1.0: blocks of `block` (32) consecutive elements along rows share the scale
 // X = 2^(floor(log2(amax)) - emax_elem), stored as an E8M0 code (uint8, M x ceil(N/block));
 // elements are encode(x / X) (exact division by a power of two). Element targets: e4m3fn, e5m2
-// (MXFP8), e3m2fn, e2m3fn (MXFP6), e2m1fn (MXFP4), int8 (MXINT8: value = int8 * 2^-6).
+// (MXFP8), e3m2fn, e2m3fn (MXFP6), e2m1fn (MXFP4), int8 (MXINT8: value = int8 * 2^-6); every
+// other target (float16, bfloat16, the fnuz formats, int8_sym, ...) is refused.
 void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
                  const target& elem, const emu::policy& pol, std::int64_t block = 32,
                  const emu::random_stream& rng = {}, const exec& ex = {});

@@ -9,23 +9,14 @@
 #include <initializer_list>
 #include <string>
 
+#include <lowbit/emu/dtype.hpp>
 #include <lowbit/emu/error.hpp>
 
 namespace lowbit::kernels {
 
-enum class dtype : std::uint8_t {
-  float32, float64, float16, bfloat16, uint8, int8, uint16, int16, uint32, int32, int64,
-};
-
-constexpr std::size_t dtype_size(dtype t) {
-  switch (t) {
-    case dtype::float64: case dtype::int64: return 8;
-    case dtype::float32: case dtype::uint32: case dtype::int32: return 4;
-    case dtype::float16: case dtype::bfloat16: case dtype::uint16: case dtype::int16: return 2;
-    case dtype::uint8: case dtype::int8: return 1;
-  }
-  return 0;
-}
+// The storage types (emu/dtype.hpp: the codes of emu's formats have one too).
+using emu::dtype;
+using emu::dtype_size;
 
 const char* dtype_name(dtype t);
 
