@@ -5,6 +5,7 @@
 
 #include <lowbit/emu/emu.hpp>
 #include <lowbit/kernels/cast.hpp>
+#include <lowbit/verify/verify.hpp>
 
 int main() {
   namespace emu = lowbit::emu;
@@ -18,5 +19,9 @@ int main() {
   for (std::uint8_t c : out)
     std::printf(" 0x%02X", c);
   std::printf("\n");
+  const std::uint8_t want[4] = {0x3C, 0x7E, 0x7F, 0x80};
+  const auto r = lowbit::verify::compare(lowbit::verify::view(out), lowbit::verify::view(want),
+                                         lowbit::verify::parse_policy("exact@e4m3fn"));
+  std::printf("verify: %s\n", r.ok() ? "ok" : "failed");
   return 0;
 }

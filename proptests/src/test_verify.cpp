@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <lowbit/emu/emu.hpp>
-#include <lowbit/kernels/verify.hpp>
+#include <lowbit/verify/verify.hpp>
 #include <lowbit/proptest/generators.hpp>
 #include <lowbit/reference/round.hpp>
 

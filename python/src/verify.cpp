@@ -14,7 +14,7 @@
 #include <lowbit/emu/format.hpp>
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/tensor.hpp>
-#include <lowbit/kernels/verify.hpp>
+#include <lowbit/verify/verify.hpp>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
