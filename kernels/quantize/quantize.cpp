@@ -39,7 +39,9 @@ void validate_target(const target& t, const char* arg) {
     if (const char* why = emu::check_int_format(t.ifmt))
       throw error(errc::invalid_argument, std::string(arg) + ": " + why);
     require(t.ifmt.bits <= 8, errc::invalid_argument,
-            std::string(arg) + ": integer targets have at most 8 bits (one code per byte)");
+            std::string(arg) + ": integer format " + emu::int_format_name(t.ifmt) +
+                " cannot be a quantization target (integer targets have at most 8 bits, one "
+                "code per byte)");
     return;
   }
   if (const char* why = emu::check_format(t.fmt))
@@ -214,10 +216,24 @@ void dequantize(const tensor_view& codes, const tensor_view& scales, const tenso
 }
 
 namespace {
-void check_mx_target(const target& t, std::int64_t block) {
-  validate_target(t, "elem");
-  require(!t.is_int || (t.ifmt == emu::int8), errc::invalid_argument,
-          "elem: the MX integer element is int8 (MXINT8)");
+// OCP MX v1.0 defines exactly these element formats. Others are refused rather than extended:
+// an MX block is 8-bit (or narrower) codes under one E8M0 scale, and a 16-bit element
+// (float16, bfloat16) already carries more range than the shared scale adds, so no consumer
+// reads such blocks; the kernels store and mask MX codes as single bytes.
+bool is_mx_element(const target& t) {
+  if (t.is_int) return t.ifmt == emu::int8;
+  return t.fmt == emu::e4m3fn || t.fmt == emu::e5m2 || t.fmt == emu::e3m2fn ||
+         t.fmt == emu::e2m3fn || t.fmt == emu::e2m1fn;
+}
+
+void check_mx_target(const target& t, std::int64_t block, const char* fn) {
+  if (!is_mx_element(t)) {
+    const std::string name = t.is_int ? emu::int_format_name(t.ifmt) : emu::format_name(t.fmt);
+    throw error(errc::invalid_argument,
+                std::string(fn) + ": element format " + name +
+                    " is not an OCP MX element format (e4m3fn, e5m2, e3m2fn, e2m3fn, e2m1fn, "
+                    "int8)");
+  }
   require(block >= 1, errc::invalid_argument, "block: must be >= 1 (OCP MX uses 32)");
 }
 }  // namespace
@@ -225,7 +241,7 @@ void check_mx_target(const target& t, std::int64_t block) {
 void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
                  const target& elem, const emu::policy& pol, std::int64_t block,
                  const emu::random_stream& rng, const exec& ex) {
-  check_mx_target(elem, block);
+  check_mx_target(elem, block, "quantize_mx");
   emu::validate(pol);
   mx_problem p;
   check_x_codes(x, codes, elem, false, p.xm, p.cm);
@@ -251,7 +267,7 @@ void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_vi
 
 void dequantize_mx(const tensor_view& codes, const tensor_view& scales, const tensor_view& out,
                    const target& elem, std::int64_t block, const exec& ex) {
-  check_mx_target(elem, block);
+  check_mx_target(elem, block, "dequantize_mx");
   dequant_problem p;
   require_valid(codes, "codes");
   require_valid(out, "out");
