@@ -328,9 +328,8 @@ def _run_report(args: argparse.Namespace, out: TextIO) -> int:
     from lowbit import report
 
     try:
-        report.run_report(report.Options(out=args.out, quick=args.quick, full=args.full,
-                                         threads=args.threads, size=args.size, json=args.json),
-                          out)
+        report.run_report(report.Options(out=args.out, quick=args.quick, threads=args.threads,
+                                         size=args.size, json=args.json), out)
     except report.OutputError as e:
         raise CliError(str(e)) from e
     return 0
@@ -353,14 +352,11 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="2^18 values, formats e4m3fn e5m2 e2m1fn bfloat16 float16, roundings "
                         "nearest_even toward_zero stochastic")
-    p.add_argument("--full", action="store_true",
-                   help="the full-size workloads (2^22 values) instead of the default 2^20")
     p.add_argument("--threads", type=_threads, default=0, metavar="N",
                    help="CPU threads of the casts and of the multi-threaded throughput column "
                         "(default 0: all cores)")
     p.add_argument("--size", type=_size, default=None, metavar="N",
-                   help="values per workload (default 2^20; 2^22 with --full, 2^18 with "
-                        "--quick)")
+                   help="values per workload (default 2^22, 2^18 with --quick)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="where to write the JSON report (default: DIR/report.json)")
     p.set_defaults(run=_run_report)

@@ -272,8 +272,9 @@ class Point:
     """A point of the error-versus-speed plot: one technique/format on the gaussian workload."""
 
     label: str
-    throughput: float  # M values/s, 1 CPU thread
-    error: float  # mean relative error
+    throughput: float  # M values/s
+    error: float  # mean relative error; 0 is drawn on the axis floor, marked
+    device: str = "CPU, 1 thread"  # where the throughput was measured
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,8 @@ def casts_section(ctx: Context) -> SectionResult:
                 block.append({"workload": w.name, "format": name, "rounding": rounding,
                               "input": "x" if info.signed else "|x|", "scale": float(scale),
                               **stats})
-        ctx.progress(f"casts: {w.name} in {time.perf_counter() - started:.1f} s")
+        ctx.progress(f"  casts of the {w.name} workload measured in "
+                     f"{time.perf_counter() - started:.1f} s")
         rows += block
         lines += ["", f"workload {w.name}: {w.description}, {w.values.size} float32 values, "
                       f"absmax {float(np.abs(w.values).max()):.6g}"]
@@ -418,6 +420,20 @@ def casts_section(ctx: Context) -> SectionResult:
                          plots=[_rounding_plot(rows, ctx)])
 
 
+def log_floor(values: Sequence[float]) -> float:
+    """The bottom of a log axis for ``values``: the largest 1, 2 or 5 times a power of ten that
+    is at least a factor 2 below the smallest positive value, so that every bar rises visibly
+    from the axis and no bar starts below it (1e-3 when there is no positive value)."""
+    positive = [v for v in values if v > 0 and np.isfinite(v)]
+    if not positive:
+        return 1e-3
+    limit = min(positive) / 2
+    decade = 10.0 ** np.floor(np.log10(limit))
+    if decade > limit:  # log10 rounded up across a power of ten
+        decade /= 10
+    return float(max(m * decade for m in (1, 2, 5) if m * decade <= limit))
+
+
 def _rounding_plot(rows: list[dict[str, Any]], ctx: Context) -> Plot:
     workload = "gaussian"
     formats = list(ctx.formats)
@@ -427,17 +443,26 @@ def _rounding_plot(rows: list[dict[str, Any]], ctx: Context) -> Plot:
 
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
+        ax.set_yscale("log")
+        floor = log_floor(list(err.values()))
         width = 0.8 / len(roundings)
         positions = np.arange(len(formats))
         for i, rounding in enumerate(roundings):
-            values = [err.get((f, rounding), np.nan) for f in formats]
-            ax.bar(positions + (i - (len(roundings) - 1) / 2) * width, values, width,
-                   label=rounding)
+            xs = positions + (i - (len(roundings) - 1) / 2) * width
+            values = np.array([err.get((f, rounding), np.nan) for f in formats], np.float64)
+            # Bars start at the axis floor, not at 0 (which a log axis cannot show).
+            heights = np.where(values > 0, values - floor, np.nan)
+            ax.bar(xs, heights, width, bottom=floor, label=rounding, color=f"C{i}")
+            # An error of exactly 0 has no bar: a "0" on the axis floor says so.
+            for x in xs[values == 0]:
+                ax.text(x, floor, "0", ha="center", va="bottom", fontsize="x-small",
+                        color=f"C{i}", fontweight="bold")
+        ax.set_ylim(bottom=floor)
         ax.set_xticks(positions, formats, rotation=45, ha="right")
-        ax.set_yscale("log")
-        ax.set_ylabel("mean relative error")
-        ax.set_title(f"Mean relative error per rounding mode ({workload}, per-tensor scaled, "
-                     "saturate)")
+        ax.set_ylabel("mean relative error (log scale; lower is better)")
+        ax.set_title(f"Mean relative error per rounding mode: lower is better\n({workload} "
+                     "workload, per-tensor scaled, saturate; a 0 on the axis marks an error of "
+                     "exactly 0)", fontsize="medium")
         ax.legend(fontsize="small", ncols=min(len(roundings), 4))
         ax.grid(axis="y", which="both", alpha=0.3)
 
@@ -537,18 +562,17 @@ def throughput_section(ctx: Context) -> SectionResult:
 
 def _cast_points(rows: list[dict[str, Any]], ctx: Context) -> list[Point]:
     """Error-versus-speed points: the casts section's mean error (gaussian, nearest_even)
-    against the 1-thread throughput of ``rows``. Zero errors have no place on a log scale."""
+    against the 1-thread throughput of ``rows``."""
     if "casts" not in ctx.results:
         return []
     errors = {r["format"]: r["mean_rel_err"] for r in ctx.results["casts"].rows
               if r["workload"] == "gaussian" and r["rounding"] == "nearest_even"}
     points = []
     for r in rows:
-        error = errors.get(r["format"], 0.0)
-        if error > 0:
+        if r["format"] in errors:
             unsigned = not format_info(r["format"]).signed
             points.append(Point(r["format"] + (" (|x|)" if unsigned else ""), r["lowbit_1t"],
-                                error))
+                                errors[r["format"]]))
     return points
 
 
@@ -640,7 +664,7 @@ def blockwise_section(ctx: Context) -> SectionResult:
                 row.update(copy=copy_rate, quantize_vs_copy=row["quantize_1t"] / copy_rate,
                            dequantize_vs_copy=row["dequantize_1t"] / copy_rate)
             rows.append(row)
-        ctx.progress(f"blockwise: {w.name}")
+        ctx.progress(f"  block-wise quantization of the {w.name} workload measured")
     columns = [
         Column("workload", lambda r: r["workload"], left=True),
         Column("block", lambda r: str(r["block"])),
@@ -666,7 +690,7 @@ def blockwise_section(ctx: Context) -> SectionResult:
         "columns divide the one-thread rates by it",
     ]
     points = [Point(f"blockwise {r['block']} (dynamic)", r["quantize_1t"], r["mean_rel_err"])
-              for r in rows if r["workload"] == "gaussian" and r["mean_rel_err"] > 0]
+              for r in rows if r["workload"] == "gaussian"]
     text = "\n".join([f"note: {note}" for note in notes] + [""] + render_table(columns, rows))
     return SectionResult(rows=rows, text=text, points=points, notes=notes)
 
@@ -691,6 +715,52 @@ class Options:
     size: int | None = None
     json: Path | None = None
     sections: Sequence[Section] | None = None  # None: SECTIONS as it is when the report runs
+
+
+class OutputError(Exception):
+    """The report's directory or JSON file cannot be written (found before measuring)."""
+
+
+def _probe_directory(directory: Path, for_file: Path | None = None) -> None:
+    """Creates ``directory`` (and its parents) and checks that a file can be made in it; the
+    error names ``for_file`` when the directory is only where that file goes."""
+    import tempfile
+
+    def fail(reason: str) -> OutputError:
+        if for_file is None:
+            return OutputError(f"{directory}: {reason}")
+        return OutputError(f"{for_file}: cannot write: {directory} {reason}")
+
+    if directory.exists() and not directory.is_dir():
+        raise fail("exists and is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise (fail(f"cannot write there: {reason}") if for_file is None
+               else fail(f"cannot be written in: {reason}")) from e
+
+
+def prepare_output(options: Options) -> Path:
+    """Makes the output directory and checks that the plots and the JSON can be written, so
+    that a bad path fails at once rather than after minutes of measuring; returns the JSON
+    file's path."""
+    _probe_directory(options.out)
+    json_path = options.json or options.out / "report.json"
+    if json_path.is_dir():
+        raise OutputError(f"{json_path}: is a directory; name the JSON file (--json FILE)")
+    if json_path.exists():
+        # Rewriting a file needs its permission, not its directory's.
+        try:
+            with open(json_path, "ab"):  # opened for writing, left as it is
+                pass
+        except OSError as e:
+            raise OutputError(f"{json_path}: cannot write: {e.strerror or e}") from e
+    else:
+        _probe_directory(json_path.parent, for_file=json_path)
+    return json_path
 
 
 def machine() -> dict[str, Any]:
@@ -746,19 +816,42 @@ def save_plots(plots: Sequence[Plot], out_dir: Path) -> list[Path]:
     return paths
 
 
-def error_speed_plot(points: Sequence[Point]) -> Plot:
-    """Error versus CPU throughput, one labelled point per technique/format."""
+def speed_axis_label(points: Sequence[Point], cpu: str | None) -> str:
+    """Where the throughputs were measured, e.g. "CPU, 1 thread (AMD EPYC 7B13)"."""
+    devices = list(dict.fromkeys(p.device for p in points)) or ["CPU, 1 thread"]
+    where = "; ".join(f"{d} ({cpu})" if cpu and d.startswith("CPU") else d for d in devices)
+    return f"throughput, M values/s (log scale; higher is better)\nmeasured on: {where}"
+
+
+def error_speed_plot(points: Sequence[Point], cpu: str | None = None) -> Plot:
+    """Error versus throughput, one labelled point per technique/format; ``cpu`` names the
+    processor of the CPU measurements."""
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
-        ax.scatter([p.throughput for p in points], [p.error for p in points], zorder=2)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        floor = log_floor([p.error for p in points])
+        devices = list(dict.fromkeys(p.device for p in points))
+        for i, device in enumerate(devices):
+            mine = [p for p in points if p.device == device]
+            nonzero = [p for p in mine if p.error > 0]
+            ax.scatter([p.throughput for p in nonzero], [p.error for p in nonzero], zorder=2,
+                       color=f"C{i}", label=device)
+            # An error of exactly 0 sits on the axis floor as an open marker.
+            zeros = [p for p in mine if p.error == 0]
+            ax.scatter([p.throughput for p in zeros], [floor] * len(zeros), zorder=2,
+                       marker="v", facecolors="none", edgecolors=f"C{i}", clip_on=False)
         ax.margins(x=0.15, y=0.1)
-        ax.set_xlabel("CPU cast throughput, 1 thread (M values/s)")
-        ax.set_ylabel("mean relative error")
-        ax.set_title("Error versus speed (gaussian, per-tensor scaled, nearest_even)")
+        ax.set_ylim(bottom=floor)
+        ax.set_xlabel(speed_axis_label(points, cpu))
+        ax.set_ylabel("mean relative error (log scale; lower is better)")
+        ax.set_title("Error versus speed: lower right is better\n(gaussian workload; casts per-"
+                     "tensor scaled, nearest_even; an open triangle on the axis: error 0)",
+                     fontsize="medium")
         ax.grid(which="both", alpha=0.3)
-        _label_points(ax, points)
+        if len(devices) > 1:
+            ax.legend(fontsize="small")
+        _label_points(ax, points, floor)
 
     return Plot("error_vs_speed.png", draw, size=(8.0, 6.0))
 
@@ -767,39 +860,53 @@ def _boxes_overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def _label_points(ax: Any, points: Sequence[Point]) -> None:
+def _label_points(ax: Any, points: Sequence[Point], floor: float) -> None:
     """Labels each point at the first of a few offsets where the text overlaps no marker and no
     earlier label: formats with the same error and similar speed (e4m3fn, e4m3fnuz) sit close
     together, and fixed offsets would print their names on top of each other."""
     fig = ax.figure
     fig.canvas.draw()  # final axes position and limits
     to_points = 72.0 / fig.dpi
-    at = ax.transData.transform([(p.throughput, p.error) for p in points]) * to_points
+    ys = [p.error if p.error > 0 else floor for p in points]
+    at = ax.transData.transform([(p.throughput, y) for p, y in zip(points, ys)]) * to_points
     char_width, height = 5.5, 9.0  # fontsize "small", in points
     taken = [(x - 4, y - 4, x + 4, y + 4) for x, y in at]
+    (x0, y0), (x1, y1) = ax.get_window_extent().get_points() * to_points
     offsets = [(5, 3), (5, -11), (-5, 3), (-5, -11), (5, 13), (5, -21), (-5, 13), (-5, -21)]
-    for p, (x, y) in zip(points, at):
-        width = char_width * len(p.label)
+    for p, y_data, (x, y) in zip(points, ys, at):
+        text = p.label + (" (error 0)" if p.error == 0 else "")
+        width = char_width * len(text)
         for dx, dy in offsets:
             left = x + dx if dx > 0 else x + dx - width
             box = (left, y + dy, left + width, y + dy + height)
-            if not any(_boxes_overlap(box, t) for t in taken):
+            # Inside the axes (a label across the frame covers the axis labels), on nothing.
+            inside = x0 <= box[0] and box[2] <= x1 and y0 <= box[1] and box[3] <= y1
+            if inside and not any(_boxes_overlap(box, t) for t in taken):
                 break
         else:
             dx, dy = offsets[0]
             left = x + dx
             box = (left, y + dy, left + width, y + dy + height)
         taken.append(box)
-        ax.annotate(p.label, (p.throughput, p.error), textcoords="offset points",
+        ax.annotate(text, (p.throughput, y_data), textcoords="offset points",
                     xytext=(dx, dy), ha="left" if dx > 0 else "right", fontsize="small")
 
 
 def run_report(options: Options, out: TextIO,
                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Runs every section, prints the table to ``out``, writes JSON and plots; returns the
-    JSON document."""
+    JSON document. Progress lines (what is being measured, with the time since the start) go
+    to ``progress``, stderr by default. Raises OutputError before measuring anything when the
+    output cannot be written."""
     started = time.perf_counter()
-    progress = progress or (lambda message: print(f"report: {message}", file=sys.stderr))
+    json_path = prepare_output(options)
+    if progress is None:
+        def progress(message: str) -> None:
+            print(f"report: {message}", file=sys.stderr, flush=True)
+
+    def elapsed() -> str:
+        return f"{time.perf_counter() - started:.1f} s"
+
     size = options.size or (QUICK_SIZE if options.quick else DEFAULT_SIZE)
     names = [f for f in lowbit.formats() if f != "float32"]
     roundings = lowbit.roundings()
@@ -812,21 +919,26 @@ def run_report(options: Options, out: TextIO,
                 "formats": names, "roundings": roundings, "saturate": True,
                 "stochastic": {"random_bits": STOCHASTIC_RANDOM_BITS, "seed": STOCHASTIC_SEED},
                 "timing_runs": TIMING_RUNS}
+    progress(f"{len(names)} formats x {len(roundings)} roundings, 3 workloads of {size} values "
+             f"(threads {options.threads or 'all'}); output in {options.out}")
     ctx = Context(workloads=make_workloads(size), formats=names, roundings=roundings,
                   threads=options.threads, quick=options.quick, progress=progress)
     sections = list(SECTIONS if options.sections is None else options.sections)
     out.write(_header(m, settings, date) + "\n")
-    for section in sections:
+    for i, section in enumerate(sections, 1):
         t0 = time.perf_counter()
+        progress(f"[{i}/{len(sections)}] {section.title} ... (at {elapsed()})")
         result = section.run(ctx)
         ctx.results[section.name] = result
-        progress(f"{section.name} done in {time.perf_counter() - t0:.1f} s")
+        progress(f"[{i}/{len(sections)}] {section.name} done in "
+                 f"{time.perf_counter() - t0:.1f} s (at {elapsed()})")
         out.write(f"\n== {section.title} ==\n{result.text}\n")
         out.flush()
 
-    options.out.mkdir(parents=True, exist_ok=True)
     points = [p for r in ctx.results.values() for p in r.points]
-    plots = [error_speed_plot(points)] + [p for r in ctx.results.values() for p in r.plots]
+    plots = ([error_speed_plot(points, m["cpu_model"] or m["processor"])]
+             + [p for r in ctx.results.values() for p in r.plots])
+    progress(f"drawing {len(plots)} plots (at {elapsed()})")
     plot_files: list[str] = []
     try:
         plot_files = [str(p) for p in save_plots(plots, options.out)]
@@ -845,9 +957,8 @@ def run_report(options: Options, out: TextIO,
         "plots": plot_files,
         "wall_s": time.perf_counter() - started,
     }
-    json_path = options.json or options.out / "report.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     out.write(f"\nwrote {json_path}" + "".join(f", {p}" for p in plot_files)
               + f" in {doc['wall_s']:.1f} s\n")
+    progress(f"done in {elapsed()}")
     return doc

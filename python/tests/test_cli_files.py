@@ -115,9 +115,10 @@ BAD_FILES: dict[str, tuple[BadFile | None, str]] = {
     "pickle": (_write(pickle.dumps([0.1, 1.7])), "a Python pickle"),
     "object_array": (_saved(np.array([{"a": 1}, None], dtype=object), allow_pickle=True),
                      "holds Python objects"),
-    "truncated_header": (_write(_npy_bytes(VALUES)[:30]), "not a valid .npy file: its header is truncated"),
-    "broken_header": (_write(_header(b"{not a dict}")), "not a valid .npy file: its header is "
-                                                         "broken"),
+    "truncated_header": (_write(_npy_bytes(VALUES)[:30]),
+                         "not a valid .npy file: its header is truncated"),
+    "broken_header": (_write(_header(b"{not a dict}")),
+                      "not a valid .npy file: its header is broken"),
     "unknown_dtype": (_write(_header(b"{'descr': '<x3', 'fortran_order': False, "
                                      b"'shape': (2,), }") + bytes(6)),
                       "not a valid .npy file: its dtype '<x3' is unknown"),

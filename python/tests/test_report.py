@@ -12,6 +12,7 @@ import io
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -337,7 +338,8 @@ def test_a_new_section_joins_the_table_json_and_plot(tmp_path):
     doc = report.run_report(options, out, progress=lambda message: None)
     assert "== Made-up technique ==\nmade-up section body" in out.getvalue()
     assert [r["workload"] for r in doc["sections"]["blocks"]["rows"]] == WORKLOADS
-    assert {"label": "made-up", "throughput": 123.0, "error": 0.5} in doc["points"]
+    assert {"label": "made-up", "throughput": 123.0, "error": 0.5,
+            "device": "CPU, 1 thread"} in doc["points"]
 
 
 @pytest.mark.parametrize("argv", [["report", "--size", "8"], ["report", "--threads", "-1"],
@@ -346,3 +348,122 @@ def test_usage_errors_exit_with_2(argv):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
+
+
+# ---- plots: which way is better, where speed was measured, nothing below the axis -------------
+
+
+def _draw(plot: report.Plot):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=plot.size, layout="constrained")
+    FigureCanvasAgg(fig)
+    plot.draw(fig)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    return ax
+
+
+def _rounding_plot(run, zero=()):
+    # `zero`: (format, rounding) pairs whose error is set to exactly 0.
+    rows = [dict(r, mean_rel_err=0.0) if (r["format"], r["rounding"]) in zero else r
+            for r in run.casts]
+    ctx = types.SimpleNamespace(formats=run.formats, roundings=run.roundings)
+    gaussian = [r["mean_rel_err"] for r in rows if r["workload"] == "gaussian"]
+    return _draw(report._rounding_plot(rows, ctx)), gaussian
+
+
+def test_plots_say_which_way_is_better_and_where_speed_was_measured(run):
+    pytest.importorskip("matplotlib")
+    points = [report.Point(**p) for p in run.doc["points"]]
+    ax = _draw(report.error_speed_plot(points, "Made-up CPU 9000"))
+    assert "lower is better" in ax.get_ylabel() and "higher is better" in ax.get_xlabel()
+    assert "measured on: CPU, 1 thread (Made-up CPU 9000)" in ax.get_xlabel()
+    assert "lower right is better" in ax.get_title()
+    ax, _ = _rounding_plot(run)
+    assert "lower is better" in ax.get_ylabel() and "lower is better" in ax.get_title()
+
+
+def test_the_speed_axis_names_every_device():
+    points = [report.Point("a", 1.0, 0.1), report.Point("b", 2.0, 0.2, device="NVIDIA H200")]
+    label = report.speed_axis_label(points, "Made-up CPU")
+    assert label.endswith("measured on: CPU, 1 thread (Made-up CPU); NVIDIA H200")
+
+
+@pytest.mark.parametrize("zero", [(), (("e5m2", "nearest_even"), ("e2m1fn", "stochastic"))])
+def test_no_bar_falls_below_the_axis(run, zero):
+    pytest.importorskip("matplotlib")
+    ax, errors = _rounding_plot(run, zero)
+    bottom, _ = ax.get_ylim()
+    positive = [e for e in errors if e > 0]
+    assert bottom <= min(positive) / 2  # the smallest bar rises visibly
+    bars = [b for b in ax.patches if np.isfinite(b.get_height())]
+    assert len(bars) == len(positive)
+    for bar in bars:
+        assert bar.get_y() == pytest.approx(bottom, rel=1e-12)
+        assert bar.get_y() + bar.get_height() > bottom
+    marks = [t for t in ax.texts if t.get_text() == "0"]
+    assert len(marks) == len(zero) == len(errors) - len(positive)
+    assert all(t.get_position()[1] == bottom for t in marks)
+
+
+def test_zero_error_points_sit_on_the_axis_floor():
+    pytest.importorskip("matplotlib")
+    points = [report.Point("a", 10.0, 0.02), report.Point("b", 20.0, 3e-4),
+              report.Point("exact", 30.0, 0.0)]
+    ax = _draw(report.error_speed_plot(points))
+    bottom, _ = ax.get_ylim()
+    assert bottom <= 1.5e-4
+    ys = [y for c in ax.collections for _, y in c.get_offsets()]
+    assert sorted(ys) == [bottom, 3e-4, 0.02]
+    assert "exact (error 0)" in [t.get_text() for t in ax.texts]
+
+
+@pytest.mark.parametrize("values, floor", [([1.7e-4, 0.3], 5e-5), ([1e-3], 5e-4), ([0.021], 0.01),
+                                           ([0.0, 0.0], 1e-3), ([0.0, 4.0], 2.0),
+                                           ([np.nan, 0.3], 0.1)])
+def test_log_floor(values, floor):
+    got = report.log_floor(values)
+    assert got == pytest.approx(floor, rel=1e-12)
+    assert all(got <= v / 2 for v in values if v > 0)
+
+
+# ---- progress and output checks ----------------------------------------------------------------
+
+
+def test_progress_says_what_is_measured_and_how_long_it_took(tmp_path):
+    messages: list[str] = []
+    options = report.Options(out=tmp_path, quick=True, size=1024, threads=1)
+    report.run_report(options, io.StringIO(), progress=messages.append)
+    n = len(report.SECTIONS)
+    assert messages[0].startswith(f"{len(QUICK_FORMATS)} formats x {len(QUICK_ROUNDINGS)} "
+                                  "roundings, 3 workloads of 1024 values")
+    for i, section in enumerate(report.SECTIONS, 1):
+        start = next(m for m in messages if m.startswith(f"[{i}/{n}] {section.title} ..."))
+        end = next(m for m in messages if m.startswith(f"[{i}/{n}] {section.name} done in "))
+        assert messages.index(start) < messages.index(end)
+        assert start.endswith(" s)") and end.endswith(" s)")
+    assert messages[-1].startswith("done in ")
+
+
+def test_progress_goes_to_stderr(tmp_path, capsys):
+    out = io.StringIO()
+    assert cli.main(["report", "--quick", "--size", "1024", "--threads", "1", "--out",
+                     str(tmp_path)], out=out) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err and all(line.startswith("report: ") for line in err)
+    assert "report:" not in out.getvalue()
+
+
+def test_an_unwritable_output_fails_before_measuring(tmp_path):
+    (tmp_path / "file").write_text("x")
+    messages: list[str] = []
+    with pytest.raises(report.OutputError, match="exists and is not a directory"):
+        report.run_report(report.Options(out=tmp_path / "file", quick=True, size=1024),
+                          io.StringIO(), progress=messages.append)
+    assert messages == []
+    with pytest.raises(report.OutputError, match="is a directory; name the JSON file"):
+        report.run_report(report.Options(out=tmp_path / "ok", json=tmp_path, quick=True,
+                                         size=1024), io.StringIO(), progress=messages.append)
+    assert messages == []
