@@ -507,9 +507,11 @@ _EXIT_STATUS = ("Exit status: 0 on success, 1 when the conversion fails (a missi
                 "unreadable, empty, truncated or non-.npy input, an object array, an unsupported "
                 "dtype, an unwritable output; one line on stderr says why), 2 for usage errors "
                 "(unknown format or rounding names).")
-_ML_DTYPES_FILES = ("np.save writes ml_dtypes arrays without their type: 2-byte elements are "
-                    "read as bfloat16, 1-byte ones as codes of the format named (--format, "
-                    "--input-format).")
+
+
+def _ml_dtypes_files(flag: str) -> str:
+    return ("np.save writes ml_dtypes arrays without their type: 2-byte elements are read as "
+            f"bfloat16, 1-byte ones (float8, float6, float4) as codes of the format {flag} names.")
 
 
 def _add_cast(sub: argparse._SubParsersAction) -> None:
@@ -519,7 +521,7 @@ def _add_cast(sub: argparse._SubParsersAction) -> None:
         description="Read INPUT (.npy of float16, float32, float64 or bfloat16, or codes of "
                     "--input-format), round every value to FORMAT (docs/rounding.md) and write "
                     "the codes to OUTPUT (.npy of uint8, uint16 or uint32, same shape). "
-                    + _ML_DTYPES_FILES + " " + _EXIT_STATUS,
+                    + _ml_dtypes_files("--input-format") + " " + _EXIT_STATUS,
     )
     p.add_argument("input", type=Path, help="the values (.npy)")
     p.add_argument("output", type=Path, help="where to write the codes (.npy)")
@@ -553,7 +555,8 @@ def _add_decode(sub: argparse._SubParsersAction) -> None:
         help="the exact values of the codes in a .npy file",
         description="Read INPUT (.npy of codes of FORMAT: uint8, uint16 or uint32, or an "
                     "ml_dtypes array of FORMAT) and write their exact values to OUTPUT (.npy of "
-                    "float32 or float64, same shape). " + _ML_DTYPES_FILES + " " + _EXIT_STATUS,
+                    "float32 or float64, same shape). " + _ml_dtypes_files("--format") + " "
+                    + _EXIT_STATUS,
     )
     p.add_argument("input", type=Path, help="the codes (.npy)")
     p.add_argument("output", type=Path, help="where to write the values (.npy)")
