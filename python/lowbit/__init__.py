@@ -28,6 +28,7 @@ from lowbit._blockwise import (
     quantize_blockwise,
 )
 from lowbit._core import Format
+from lowbit._fake import fake_quantize
 from lowbit._quantize import (
     Granularity,
     cast_scaled,
@@ -57,6 +58,7 @@ __all__ = [
     "dequantize_blockwise",
     "dequantize_mx",
     "estimate_quantiles",
+    "fake_quantize",
     "format_info",
     "formats",
     "parse_format",
