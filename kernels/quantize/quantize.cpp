@@ -4,6 +4,7 @@
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/quantize.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "../common/device_check.hpp"
@@ -15,7 +16,7 @@ std::int64_t grouping::scale_rows(std::int64_t m) const {
   switch (k) {
     case kind::tensor: case kind::columns: return 1;
     case kind::rows: case kind::blocks: return m;
-    case kind::tiles: return (m + tile_rows - 1) / tile_rows;
+    case kind::tiles: return m / tile_rows + (m % tile_rows != 0);
   }
   return 1;
 }
@@ -24,7 +25,7 @@ std::int64_t grouping::scale_cols(std::int64_t n) const {
   switch (k) {
     case kind::tensor: case kind::rows: return 1;
     case kind::columns: return n;
-    case kind::blocks: case kind::tiles: return (n + tile_cols - 1) / tile_cols;
+    case kind::blocks: case kind::tiles: return n / tile_cols + (n % tile_cols != 0);
   }
   return 1;
 }
@@ -54,10 +55,27 @@ void validate_target(const target& t, const char* arg) {
 
 void validate_grouping(const grouping& g) {
   if (g.k == grouping::kind::blocks)
-    require(g.tile_cols >= 1, errc::invalid_argument, "grouping: block length must be >= 1");
+    require(g.tile_cols >= 1, errc::invalid_argument,
+            "grouping: the block length must be >= 1, got " + std::to_string(g.tile_cols));
   if (g.k == grouping::kind::tiles)
     require(g.tile_rows >= 1 && g.tile_cols >= 1, errc::invalid_argument,
-            "grouping: tile sizes must be >= 1");
+            "grouping: tile sizes must be >= 1, got (" + std::to_string(g.tile_rows) + ", " +
+                std::to_string(g.tile_cols) + ")");
+}
+
+// A block or tile that reaches past the matrix is one group of its whole extent. Clamping the
+// sizes to the extent changes no group and keeps the kernels' index arithmetic (end = (i + 1) *
+// size, ceil(n / size) as (n + size - 1) / size) from overflowing for sizes near 2^63.
+std::int64_t clamp_size(std::int64_t size, std::int64_t extent) {
+  return std::min(size, std::max<std::int64_t>(extent, 1));
+}
+
+grouping clamp_to(grouping g, const matrix_shape& m) {
+  if (g.k == grouping::kind::blocks || g.k == grouping::kind::tiles) {
+    g.tile_rows = clamp_size(g.tile_rows, m.rows);
+    g.tile_cols = clamp_size(g.tile_cols, m.cols);
+  }
+  return g;
 }
 
 void require_numel(const tensor_view& v, const char* arg, std::int64_t n, const char* what) {
@@ -102,7 +120,7 @@ void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view&
   validate_grouping(g);
   emu::validate(pol);
   require(sc.margin >= -126 && sc.margin <= 126, errc::invalid_argument,
-          "scaling: margin must be in [-126, 126]");
+          "margin: must be an integer in -126..126");
   require(!transpose || g.k == grouping::kind::columns, errc::invalid_argument,
           "transpose: only per-column quantization can write transposed codes");
   quant_problem p;
@@ -114,7 +132,7 @@ void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view&
   p.codes = codes;
   p.scales = scales;
   p.t = t;
-  p.g = g;
+  p.g = clamp_to(g, p.xm);
   p.pol = pol;
   p.sc = sc;
   p.rng = rng;
@@ -159,7 +177,7 @@ void quantize_delayed(const tensor_view& x, const tensor_view& codes,
   validate_target(t, "target");
   emu::validate(pol);
   require(sc.margin >= -126 && sc.margin <= 126, errc::invalid_argument,
-          "scaling: margin must be in [-126, 126]");
+          "margin: must be an integer in -126..126");
   quant_problem p;
   check_x_codes(x, codes, t, false, p.xm, p.cm);
   check_float_vector(scale_pair, "scale_pair", x);
@@ -207,7 +225,7 @@ void dequantize(const tensor_view& codes, const tensor_view& scales, const tenso
   p.scales = scales;
   p.out = out;
   p.t = t;
-  p.g = g;
+  p.g = clamp_to(g, p.cm);
   if (codes.dev.type == device_type::cuda) {
     require_device_memory({&codes, &scales, &out}, {"codes", "scales", "out"});
     return cuda::dequantize(p, ex);
@@ -234,7 +252,8 @@ void check_mx_target(const target& t, std::int64_t block, const char* fn) {
                     " is not an OCP MX element format (e4m3fn, e5m2, e3m2fn, e2m3fn, e2m1fn, "
                     "int8)");
   }
-  require(block >= 1, errc::invalid_argument, "block: must be >= 1 (OCP MX uses 32)");
+  require(block >= 1, errc::invalid_argument,
+          "block: must be >= 1 (OCP MX uses 32), got " + std::to_string(block));
 }
 }  // namespace
 
@@ -249,7 +268,7 @@ void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_vi
   require_dtype(scales, "scales", {dtype::uint8});
   require_contiguous(scales, "scales");
   require_same_device(x, "x", scales, "scales");
-  require_numel(scales, "scales", p.xm.rows * ((p.xm.cols + block - 1) / block),
+  require_numel(scales, "scales", p.xm.rows * (p.xm.cols / block + (p.xm.cols % block != 0)),
                 "one E8M0 code per block");
   p.x = x;
   p.codes = codes;
@@ -257,7 +276,7 @@ void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_vi
   p.t = elem;
   p.pol = pol;
   p.rng = rng;
-  p.block = block;
+  p.block = clamp_size(block, p.xm.cols);
   if (x.dev.type == device_type::cuda) {
     require_device_memory({&x, &codes, &scales}, {"x", "codes", "scales"});
     return cuda::quantize_mx(p, ex);
@@ -281,13 +300,13 @@ void dequantize_mx(const tensor_view& codes, const tensor_view& scales, const te
   require_dtype(scales, "scales", {dtype::uint8});
   require_contiguous(scales, "scales");
   require_same_device(codes, "codes", scales, "scales");
-  require_numel(scales, "scales", p.cm.rows * ((p.cm.cols + block - 1) / block),
+  require_numel(scales, "scales", p.cm.rows * (p.cm.cols / block + (p.cm.cols % block != 0)),
                 "one E8M0 code per block");
   p.codes = codes;
   p.scales = scales;
   p.out = out;
   p.t = elem;
-  p.block = block;
+  p.block = clamp_size(block, p.cm.cols);
   if (codes.dev.type == device_type::cuda) {
     require_device_memory({&codes, &scales, &out}, {"codes", "scales", "out"});
     return cuda::dequantize_mx(p, ex);

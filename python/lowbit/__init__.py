@@ -4,6 +4,10 @@
 >>> lowbit.cast(np.array([1.0, 500.0], np.float32), "e4m3fn", saturate=True)
 array([ 56, 126], dtype=uint8)
 
+Every function names its format argument ``fmt`` and takes the cast's rounding names
+(``lowbit.roundings()``); results of a known shape can be written into ``out=``. CHANGELOG.md
+lists what lowbit 0.2 renamed.
+
 Formats are named ("e4m3fn", "e5m2", "e8m0fnu", ...; see ``lowbit.formats()`` and
 docs/formats.md) or user-defined with :class:`Format`. Casts return codes (uint8, uint16 or
 uint32); :func:`decode` turns codes back into exact float32/float64 values. The rounding rules
@@ -31,6 +35,7 @@ from lowbit._core import Format
 from lowbit._fake import fake_quantize
 from lowbit._quantize import (
     Granularity,
+    TargetInfo,
     cast_scaled,
     dequantize,
     dequantize_mx,
@@ -50,6 +55,7 @@ __all__ = [
     "Granularity",
     "NestedAbsmax",
     "Report",
+    "TargetInfo",
     "assert_verified",
     "cast",
     "cast_scaled",

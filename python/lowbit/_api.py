@@ -1,17 +1,20 @@
 """Formats, casts and decodes: the array-facing API over lowbit._core.
 
-The compiled module checks every argument and raises TypeError (wrong dtype or type),
-ValueError (a value outside its domain: unknown name, bad stride, random_bits out of range) or
-RuntimeError (not available in this build). This layer turns non-array inputs into arrays,
-checks the types of scalar arguments, allocates results in the caller's array library
-(lowbit._interop) and gives the functions their documented signatures.
+The compiled module (its bindings and the kernels' host APIs) is the one checker of argument
+values: it raises TypeError (wrong dtype or type), ValueError (a value outside its domain:
+unknown name, bad stride, random_bits out of range) or RuntimeError (not available in this
+build), with the Python argument's name in the message. This layer checks only what is Python's:
+the types of scalar arguments, array libraries and devices (lowbit._interop); it turns
+non-array inputs into arrays and calls the module once per call, handing it the allocator of
+the caller's array library.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Callable, TypeVar, Union
 
 import numpy as np
 
@@ -21,37 +24,61 @@ from lowbit._core import Format
 FormatLike = Union[str, Format]
 
 _UINT64_LIMIT = 1 << 64
+_INT64_LIMIT = 1 << 63
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _renamed(**old_to_new: str) -> Callable[[_F], _F]:
+    """Refuses the keyword arguments that lowbit 0.2 renamed (CHANGELOG.md) with a TypeError
+    that names the new spelling, instead of Python's bare "unexpected keyword argument"."""
+
+    def wrap(f: _F) -> _F:
+        @functools.wraps(f)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for old, new in old_to_new.items():
+                if old in kwargs:
+                    raise TypeError(f"{f.__name__}(): the argument {old!r} is called {new!r} "
+                                    f"since lowbit 0.2 (see CHANGELOG.md)")
+            return f(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
+
+
+def _format(value: Any) -> Format:
+    """The Format of a format argument (a name or a Format)."""
+    return _core.parse_format(value)
 
 
 def _integer(name: str, value: Any) -> int:
+    """An integer argument that fits the module's int64 (its range is the C++'s to check)."""
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+    if not -_INT64_LIMIT <= value < _INT64_LIMIT:
+        raise ValueError(f"{name}: {value} does not fit a 64-bit integer")
+    return value
 
 
 def _uint64(name: str, value: Any) -> int:
-    value = _integer(name, value)
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
     if not 0 <= value < _UINT64_LIMIT:
         raise ValueError(f"{name}: expected an integer in 0..2**64-1, got {value}")
     return value
 
 
 def _threads(value: Any) -> int:
-    value = _integer("threads", value)
-    if not 0 <= value < 2**31:
-        raise ValueError(f"threads: expected 0 (all cores) or a positive count, got {value}")
-    return value
+    return _integer("threads", value)
 
 
 def _random_bits(value: Any) -> int | None:
-    if value is None:
-        return None
-    value = _integer("random_bits", value)
-    # The C++ checks the range; values beyond int would fail its conversion with a vaguer error.
-    if not 1 <= value <= 32:
-        raise ValueError(f"random_bits: stochastic rounding takes 1..32 random bits, got {value}")
-    return value
+    return None if value is None else _integer("random_bits", value)
 
 
 def _name(arg: str, value: Any) -> str:
@@ -99,20 +126,38 @@ def _rounding(
 def parse_format(fmt: FormatLike) -> Format:
     """The Format named ``fmt``: a named format ("e4m3fn", see :func:`formats`) or
     ``e<E>m<M>[b<bias>][_ieee|_fn|_fnuz|_none][_unsigned][_nozero]``. A Format is returned as is.
+
+    >>> lowbit.parse_format("e5m2b11_fnuz").bias
+    11
     """
-    return _core.parse_format(fmt)
+    return _format(fmt)
 
 
 def formats() -> list[str]:
-    """Names of the named formats, in the library's order (docs/formats.md lists them)."""
+    """Names of the named formats, in the library's order (docs/formats.md lists them).
+
+    >>> lowbit.formats()[:3]
+    ['e4m3fn', 'e5m2', 'e4m3fnuz']
+    """
     return [f.name for f in _core.named_formats()]
 
 
 def roundings() -> list[str]:
-    """Names accepted by ``cast(..., rounding=...)``."""
+    """Names accepted by ``rounding=`` of :func:`cast` and the scaled quantizations.
+
+    >>> lowbit.roundings()[:3]
+    ['nearest_even', 'nearest_away', 'toward_zero']
+    """
     return list(_core.roundings())
 
 
+def _out_call(first: tuple[str, Any, Any], out: Any, **kw: Any) -> _interop.Call:
+    """The array arguments of a call with an optional ``out``, which is written in place."""
+    arrays = [first] + ([("out", out, None)] if out is not None else [])
+    return _interop.call(*arrays, inplace=("out",) if out is not None else (), **kw)
+
+
+@_renamed(target="fmt", elem="fmt")
 def cast(
     x: Any,
     fmt: FormatLike,
@@ -124,9 +169,13 @@ def cast(
     random_bits: int | None = None,
     seed: int = 0,
     offset: int = 0,
+    out: Any = None,
     threads: int = 0,
 ) -> Any:
     """Round every element of ``x`` to format ``fmt``; returns the codes, shaped like ``x``.
+
+    >>> lowbit.cast(np.array([1.0, 0.3, 500.0], np.float32), "e4m3fn", saturate=True)
+    array([ 56,  42, 126], dtype=uint8)
 
     x: an array of float32, float64, float16 or bfloat16: a numpy array (bfloat16 from
         ml_dtypes; any strides; lists and Python floats are converted with ``np.asarray``) or a
@@ -144,47 +193,51 @@ def cast(
     random_bits: stochastic rounding only: how many random bits decide each rounding (1..32,
         default 32). Element i of the row-major order draws its bits from the Philox stream
         (seed, offset), so results depend on neither memory layout, thread count nor device.
+    out: an array of the code dtype shaped like x, on x's device, to write the codes into (it is
+        returned); by default a new one.
     threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream).
 
     The codes are uint8 for formats of up to 8 bits, uint16 up to 16, uint32 beyond, in the
     caller's array type on the same device (numpy in, numpy out; torch in, torch out; see
     docs/python.md). The rules are docs/rounding.md's.
     """
-    f = _core.parse_format(fmt)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
     threads = _threads(threads)
-    with _interop.call(("x", x, None), any_layout=("x",)) as c:
-        out = c.empty(c.shape("x"), f.code_dtype)
-        _core.cast(c["x"], f, r, out, threads, c.stream)
-        return c.result(out)
+    with _out_call(("x", x, None), out, any_layout=("x",)) as c:
+        result = _core.cast(c["x"], fmt, r, c.values.get("out"), c.empty, threads, c.stream)
+        return out if out is not None else c.result(result)
 
 
-def decode(codes: Any, fmt: FormatLike, dtype: Any = "float32", *, threads: int = 0) -> Any:
+@_renamed(target="fmt", elem="fmt")
+def decode(codes: Any, fmt: FormatLike, dtype: Any = None, *, out: Any = None,
+           threads: int = 0) -> Any:
     """The exact values of ``codes`` (codes of ``fmt``) as float32 or float64.
+
+    >>> lowbit.decode(np.array([56, 42, 126], np.uint8), "e4m3fn").tolist()
+    [1.0, 0.3125, 448.0]
 
     codes: an array of the format's code dtype (``format_info(fmt).code_dtype``: uint8, uint16
         or uint32): numpy or a DLPack producer, as for :func:`cast`; lists of ints are converted
         to it. Bits above the format's width are ignored.
-    dtype: "float32" (default) or "float64" (a name, numpy dtype or torch dtype); float64 is
-        required for formats whose values do not all fit float32 (``Format.fits_float``). JAX
-        holds float64 results only with jax_enable_x64 (TypeError otherwise).
+    dtype: "float32" (the default without ``out``) or "float64" (a name, numpy dtype or torch
+        dtype); float64 is required for formats whose values do not all fit float32
+        (``Format.fits_float``). JAX holds float64 results only with jax_enable_x64 (TypeError
+        otherwise).
+    out: a float32 or float64 array shaped like codes, on their device, to write the values into
+        (it is returned; its dtype is the result's).
     threads: CPU threads, 0 for all cores.
 
     NaN codes decode to a quiet NaN with the code's sign (fnuz NaNs have none), Inf codes to Inf.
     The result is the caller's array type on the codes' device.
     """
-    f = _core.parse_format(fmt)
-    try:
-        dtype_name = _dtype_name(dtype)
-    except TypeError as e:
-        raise ValueError(f"dtype {dtype!r}: expected one of float32, float64") from e
-    if dtype_name not in ("float32", "float64"):
-        raise ValueError(f"dtype {dtype_name!r}: expected one of float32, float64")
+    dtype_name = None if dtype is None else _dtype_name(dtype)
     threads = _threads(threads)
-    with _interop.call(("codes", codes, f.code_dtype), any_layout=("codes",)) as c:
-        out = c.empty(c.shape("codes"), dtype_name)
-        _core.decode(c["codes"], f, out, threads, c.stream)
-        return c.result(out)
+    # Non-array codes (lists) become numpy arrays of the format's code dtype.
+    code_dtype = None if _interop.is_array(codes) else _format(fmt).code_dtype
+    with _out_call(("codes", codes, code_dtype), out, any_layout=("codes",)) as c:
+        result = _core.decode(c["codes"], fmt, dtype_name, c.values.get("out"), c.empty, threads,
+                              c.stream)
+        return out if out is not None else c.result(result)
 
 
 @dataclass(frozen=True)
@@ -224,9 +277,15 @@ class FormatInfo:
         return [c for first, last in self.inf_ranges for c in range(first, last + 1)]
 
 
+@_renamed(target="fmt", elem="fmt")
 def format_info(fmt: FormatLike) -> FormatInfo:
-    """Facts about ``fmt`` (a name or a Format): widths, bias, range, NaN/Inf codes."""
-    f = _core.parse_format(fmt)
+    """Facts about ``fmt`` (a name or a Format): widths, bias, range, NaN/Inf codes.
+
+    >>> info = lowbit.format_info("e4m3fn")
+    >>> info.max, info.min_subnormal, info.nan_codes
+    (448.0, 0.001953125, [127, 255])
+    """
+    f = _format(fmt)
     return FormatInfo(
         name=f.name,
         bits=f.bits,
@@ -240,7 +299,7 @@ def format_info(fmt: FormatLike) -> FormatInfo:
         has_nan=f.has_nan,
         max=f.max,
         min_normal=f.min_normal,
-        min_subnormal=f.min_positive,
+        min_subnormal=f.min_subnormal,
         epsilon=f.epsilon,
         emin=f.emin,
         emax=f.emax,

@@ -1,6 +1,6 @@
-"""Type stubs of the compiled module lowbit._core (python/src/core.cpp)."""
+"""Type stubs of the compiled module lowbit._core (python/src/*.cpp)."""
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 class Format:
     """A number format; see docs/rounding.md for the meaning of each field."""
@@ -51,7 +51,7 @@ class Format:
     @property
     def min_normal(self) -> float: ...
     @property
-    def min_positive(self) -> float: ...
+    def min_subnormal(self) -> float: ...
     @property
     def epsilon(self) -> float: ...
     @property
@@ -68,10 +68,12 @@ _FormatLike = Union[str, Format]
 def parse_format(fmt: _FormatLike) -> Format: ...
 def named_formats() -> list[Format]: ...
 def roundings() -> list[str]: ...
-# Array arguments: numpy arrays or DLPack producers (torch, cupy, jax, ...). Results are passed
-# in (allocated by the Python layer); `stream` is a CUDA stream handle (0: default), ignored for
-# CPU arrays.
+# Array arguments: numpy arrays or DLPack producers (torch, cupy, jax, ...). Results are
+# allocated by calling `empty(shape, dtype_name)` (the Python layer's allocator in the caller's
+# array library) unless `out` is given; `stream` is a CUDA stream handle (0: default), ignored
+# for CPU arrays.
 _Array = Any
+_Empty = Callable[[tuple[int, ...], str], Any]
 
 class _Rounding:
     def __init__(
@@ -85,14 +87,33 @@ class _Rounding:
         offset: int = 0,
     ) -> None: ...
 
+# ---- formats and casts (python/src/formats.cpp) ----
+
 def cast(
-    x: _Array, fmt: _FormatLike, rounding: _Rounding, out: _Array, threads: int, stream: int
-) -> None: ...
-def decode(codes: _Array, fmt: _FormatLike, out: _Array, threads: int, stream: int) -> None: ...
-def target_info(target: _FormatLike, arg: str = "target") -> tuple[str, str, float, bool]: ...
+    x: _Array,
+    fmt: _FormatLike,
+    rounding: _Rounding,
+    out: Optional[_Array],
+    empty: _Empty,
+    threads: int,
+    stream: int,
+) -> _Array: ...
+def decode(
+    codes: _Array,
+    fmt: _FormatLike,
+    dtype: Optional[str],
+    out: Optional[_Array],
+    empty: _Empty,
+    threads: int,
+    stream: int,
+) -> _Array: ...
+
+# ---- scaled quantization (python/src/quantize.cpp) ----
+
+def target_info(fmt: _FormatLike) -> tuple[str, str, float, bool]: ...
 def quantize(
     x: _Array,
-    target: _FormatLike,
+    fmt: _FormatLike,
     kind: str,
     tile_rows: int,
     tile_cols: int,
@@ -100,63 +121,63 @@ def quantize(
     pow2: bool,
     transpose: bool,
     rounding: _Rounding,
-    codes: _Array,
-    scales: _Array,
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> tuple[_Array, _Array]: ...
 def cast_scaled(
     x: _Array,
     scale: _Array,
-    target: _FormatLike,
+    fmt: _FormatLike,
     rounding: _Rounding,
-    codes: _Array,
+    out: Optional[_Array],
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> _Array: ...
 def dequantize(
     codes: _Array,
     scales: _Array,
-    target: _FormatLike,
+    fmt: _FormatLike,
     kind: str,
     tile_rows: int,
     tile_cols: int,
-    out: _Array,
+    out: Optional[_Array],
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> _Array: ...
 def quantize_delayed(
     x: _Array,
     history: _Array,
-    target: _FormatLike,
+    fmt: _FormatLike,
     reduce: str,
     margin: int,
     pow2: bool,
     rounding: _Rounding,
-    codes: _Array,
-    scale_pair: _Array,
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> tuple[_Array, _Array]: ...
 def quantize_mx(
     x: _Array,
-    elem: _FormatLike,
+    fmt: _FormatLike,
     block: int,
     rounding: _Rounding,
-    codes: _Array,
-    scales: _Array,
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> tuple[_Array, _Array]: ...
 def dequantize_mx(
     codes: _Array,
     scales: _Array,
-    elem: _FormatLike,
+    fmt: _FormatLike,
     block: int,
-    out: _Array,
+    out: Optional[_Array],
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> _Array: ...
 def _describe(obj: _Array, name: str = "x", writable: bool = False) -> dict[str, Any]: ...
 def cuda_available() -> bool: ...
 def cuda_built() -> bool: ...
@@ -179,11 +200,10 @@ def quantize_blockwise(
     rounding: str,
     seed: int,
     offset: int,
-    codes: _Array,
-    absmax: _Array,
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> tuple[_Array, _Array]: ...
 def quantize_blockwise_nested(
     x: _Array,
     codebook: _Array,
@@ -192,21 +212,20 @@ def quantize_blockwise_nested(
     rounding: str,
     seed: int,
     offset: int,
-    codes: _Array,
-    absmax_codes: _Array,
-    absmax2: _Array,
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> tuple[_Array, _Array, _Array]: ...
 def dequantize_blockwise(
     codes: _Array,
     absmax: _Array,
     codebook: _Array,
     block: int,
-    out: _Array,
+    out: Optional[_Array],
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
+) -> _Array: ...
 def dequantize_blockwise_nested(
     codes: _Array,
     absmax_codes: _Array,
@@ -214,11 +233,14 @@ def dequantize_blockwise_nested(
     codebook: _Array,
     nested_codebook: _Array,
     block: int,
-    out: _Array,
+    out: Optional[_Array],
+    empty: _Empty,
     threads: int,
     stream: int,
-) -> None: ...
-def estimate_quantiles(x: _Array, out: _Array, threads: int, stream: int) -> None: ...
+) -> _Array: ...
+def estimate_quantiles(
+    x: _Array, k: int, out: Optional[_Array], empty: _Empty, threads: int, stream: int
+) -> _Array: ...
 
 # ---- verify (python/src/verify.cpp) ----
 

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from lowbit import _core, _interop
+from lowbit._api import _renamed
 from lowbit._core import Format
 
 FormatLike = Union[str, Format]
@@ -61,8 +62,8 @@ def _typed_codes(a: Any, fmt: Optional[FormatLike], name: str,
         return a, fmt
     implied = _core.parse_format(dtype_name.split("_", 1)[1])
     if fmt is not None and _core.parse_format(fmt) != implied:
-        raise ValueError(f"{name}: dtype {dtype_name} holds {implied.name} codes, but the "
-                         f"{arg} is {_core.parse_format(fmt).name}")
+        raise ValueError(f"{name}: dtype {dtype_name} holds {implied.name} codes, but {arg} is "
+                         f"{_core.parse_format(fmt).name}")
     if isinstance(a, np.ndarray):
         return a.view(np.uint8), implied
     return a.view(_interop._module("torch").uint8), implied
@@ -75,7 +76,7 @@ def _values(a: Any, fmt: Optional[FormatLike], name: str) -> np.ndarray:
         if fmt is None:
             raise ValueError(
                 f"{name}: dtype {a.dtype} holds codes of a number format; name the format "
-                "(format=...)"
+                "(fmt=...)"
             )
         from lowbit._api import decode
 
@@ -187,17 +188,22 @@ class Report:
         return _floats(json.loads(self._core.to_json()))
 
 
+@_renamed(format="fmt", input_format="input_fmt")
 def verify(
     candidate: Any,
     reference: Any,
     policy: PolicyLike = "exact",
     *,
-    format: Optional[FormatLike] = None,  # noqa: A002 - the word users know from the CLI
+    fmt: Optional[FormatLike] = None,
     inputs: Any = None,
-    input_format: Optional[FormatLike] = None,
+    input_fmt: Optional[FormatLike] = None,
     worst: int = 10,
 ) -> Report:
     """Compares ``candidate`` against ``reference`` (same shape) under ``policy``.
+
+    >>> codes = lowbit.cast(np.array([1.0, 0.3], np.float32), "e4m3fn")
+    >>> lowbit.verify(codes, np.array([56, 42], np.uint8), "ulp:1", fmt="e4m3fn").ok
+    True
 
     candidate, reference:
         numpy arrays (lists and numbers are converted with numpy) or DLPack producers: torch
@@ -206,20 +212,20 @@ def verify(
         The report is the same whichever library holds the arrays.
     policy:
         ``"exact"`` (same bits; any NaN matches any NaN), ``"exact:strict"`` (NaNs too),
-        ``"ulp:N"`` (at most N steps of the grid of ``format``, or of the candidate's dtype),
+        ``"ulp:N"`` (at most N steps of the grid of ``fmt``, or of the candidate's dtype),
         ``"atol:X"``, ``"rtol:Y"``, ``"atol:X,rtol:Y"`` (``|c - r| <= atol + rtol*|r|``), each
         optionally followed by ``@<format>``; or a bound function called as
         ``fn(reference_values)`` or, with ``inputs``, ``fn(reference_values, input_values)``
         (float64 arrays of the exact values) that returns the allowed absolute error per
         element (an array that broadcasts to the shape, or a scalar).
-    format:
+    fmt:
         The format of code arrays (uint8/uint16/uint32) and of the ulp grid. Arrays of
         ml_dtypes' float8/float6/float4 types (numpy or JAX arrays) and torch's float8 types are
         codes of the format their dtype names.
     inputs:
         The inputs the candidate was computed from (an array like ``candidate``); shown beside
         the worst elements.
-    input_format:
+    input_fmt:
         The format of code inputs (otherwise they show as plain integers).
     worst:
         How many elements :attr:`Report.worst` keeps.
@@ -237,24 +243,24 @@ def verify(
     c = _host_array(candidate, "candidate")
     r = _host_array(reference, "reference")
     x = None if inputs is None else _host_array(inputs, "inputs")
-    c, format = _typed_codes(c, format, "candidate", "format")
-    r, format = _typed_codes(r, format, "reference", "format")
+    c, fmt = _typed_codes(c, fmt, "candidate", "fmt")
+    r, fmt = _typed_codes(r, fmt, "reference", "fmt")
     if x is not None:
-        x, input_format = _typed_codes(x, input_format, "inputs", "input_format")
+        x, input_fmt = _typed_codes(x, input_fmt, "inputs", "input_fmt")
     if isinstance(policy, str):
-        return Report(_core.verify(c, r, policy, format, x, input_format, int(worst), None, ""))
+        return Report(_core.verify(c, r, policy, fmt, x, input_fmt, int(worst), None, ""))
     shape = _interop.shape_of("reference", r)
     if _interop.shape_of("candidate", c) != shape:
         # The C++ says the same for strings; a bound function would otherwise see the wrong shape.
         raise ValueError(f"candidate has shape {_interop.shape_of('candidate', c)} but reference "
                          f"has shape {shape}; they must match")
-    ref_values = _values(r, format, "reference")
+    ref_values = _values(r, fmt, "reference")
     if x is None:
         allowed = policy(ref_values)
     else:  # code inputs without a format are plain integers, as in the report
         x_numpy = _interop.to_numpy("inputs", x)
-        allowed = policy(ref_values, _values(x_numpy, input_format, "inputs")
-                         if x_numpy.dtype.kind == "u" and input_format is not None
+        allowed = policy(ref_values, _values(x_numpy, input_fmt, "inputs")
+                         if x_numpy.dtype.kind == "u" and input_fmt is not None
                          else x_numpy.astype(np.float64))
     try:
         allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), shape)
@@ -264,7 +270,7 @@ def verify(
             f"to the arrays' shape {shape}"
         ) from None
     name = getattr(policy, "__name__", type(policy).__name__)
-    return Report(_core.verify(c, r, None, format, x, input_format, int(worst),
+    return Report(_core.verify(c, r, None, fmt, x, input_fmt, int(worst),
                                np.ascontiguousarray(allowed), name))
 
 
@@ -272,8 +278,12 @@ def assert_verified(candidate: Any, reference: Any, policy: PolicyLike = "exact"
                     **kwargs: Any) -> Report:
     """:func:`verify`, raising AssertionError with the readable report when it fails.
 
-    For pytest: ``lowbit.assert_verified(out, expected, "ulp:1", format="e4m3fn")``. Returns
+    For pytest: ``lowbit.assert_verified(out, expected, "ulp:1", fmt="e4m3fn")``. Returns
     the report when it passes.
+
+    >>> report = lowbit.assert_verified(np.float32([1.0, 2.0]), np.float32([1.0, 2.0]))
+    >>> report.ok
+    True
     """
     __tracebackhide__ = True  # pytest shows the caller's line
     report = verify(candidate, reference, policy, **kwargs)

@@ -393,8 +393,8 @@ def _run_verify(args: argparse.Namespace, out: TextIO) -> int:
     candidate, reference = _verify_array(args.candidate), _verify_array(args.reference)
     inputs = None if args.inputs is None else _verify_array(args.inputs)
     try:
-        report = verify(candidate, reference, args.policy, format=args.format, inputs=inputs,
-                        input_format=args.input_format, worst=args.worst)
+        report = verify(candidate, reference, args.policy, fmt=args.format, inputs=inputs,
+                        input_fmt=args.input_format, worst=args.worst)
     except _LIBRARY_ERRORS as e:
         raise CliError(str(e), 2) from e
     out.write((report.to_json(indent=2) if args.json else str(report)) + "\n")

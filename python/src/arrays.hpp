@@ -1,4 +1,4 @@
-// The array intake of lowbit._core, shared by its translation units (core.cpp defines it):
+// The array intake of lowbit._core, shared by its translation units (arrays.cpp defines it):
 // numpy arrays (buffer protocol, ml_dtypes' bfloat16 included) and DLPack producers (torch,
 // cupy, jax, ...) resolved into views for the kernels, without copies, with the argument's name
 // in every error.
@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,7 +98,25 @@ array_arg take(py::handle obj, const char* name, std::uintptr_t stream, const dt
 kernels::tensor_view view_of(const array_arg& a, bool flat = false);
 // ValueError naming the argument unless its shape is `shape` (`of` says what that shape is).
 void require_shape(const array_arg& a, const std::vector<std::int64_t>& shape, const char* of);
-int check_threads(int threads);
-kernels::exec exec_of(int threads, std::uintptr_t stream);
+int check_threads(std::int64_t threads);
+kernels::exec exec_of(std::int64_t threads, std::uintptr_t stream);
+
+// A result array: `out` where the caller gave one (its dtype and shape are checked where it is
+// taken and by the kernels), else `empty(shape, dtype name)`, the Python layer's allocator in the
+// caller's array library. Allocating here keeps each call one trip into the module: the shapes
+// and code dtypes are the C++'s to know.
+py::object result_array(py::handle out, const py::function& empty,
+                        const std::vector<std::int64_t>& shape, dtype type);
+// ceil(n / k) for n >= 0 without overflow; k < 1 counts as 1 (the kernels refuse it after the
+// results are allocated).
+std::int64_t ceil_div(std::int64_t n, std::int64_t k);
+
+// The kernels' messages start with their C++ parameter names ("target: ...", "grouping: ...");
+// a binding whose Python parameter is called differently rethrows them with the Python name.
+struct rename {
+  const char* cpp; // "target"
+  const char* py;  // "fmt"
+};
+[[noreturn]] void rethrow_renamed(const error& e, std::initializer_list<rename> renames);
 
 } // namespace lowbit::python

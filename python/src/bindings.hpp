@@ -1,4 +1,4 @@
-// The parts of lowbit._core that live in their own translation units: each defines one
+// The parts of lowbit._core, one translation unit per technique: each defines one
 // bind_<part>(module) and core.cpp's PYBIND11_MODULE calls it.
 #pragma once
 
@@ -6,6 +6,10 @@
 
 namespace lowbit::python {
 
+// lowbit.Format, format names, cast and decode (python/src/formats.cpp).
+void bind_formats(pybind11::module_& m);
+// Scaled quantization: per tensor/row/column/block/tile, delayed, OCP MX (python/src/quantize.cpp).
+void bind_quantize(pybind11::module_& m);
 // lowbit._core.verify and the report classes (python/src/verify.cpp).
 void bind_verify(pybind11::module_& m);
 // Block-wise codebook quantization and SRAM-quantiles (python/src/blockwise.cpp).

@@ -70,19 +70,21 @@ k::codebook codebook_of(py::handle values, const char* arg) {
   }
 }
 
+// The codebook's nearest-entry rule breaks ties toward the entry of smaller magnitude, which is
+// none of the cast's tie rules; its name says so, and the cast's names mean the cast's rules
+// only.
 k::codebook_rounding parse_rounding(const std::string& s) {
-  if (s == "nearest")
+  if (s == "nearest_toward_zero")
     return k::codebook_rounding::nearest;
   if (s == "stochastic")
     return k::codebook_rounding::stochastic;
-  fail(errc::invalid_argument, "rounding '" + s + "': expected one of nearest, stochastic");
-}
-
-std::int64_t check_block(std::int64_t block) {
-  if (!k::is_blockwise_block(block))
-    fail(errc::invalid_argument, "block: must be one of 64, 128, 256, 512, 1024, 2048, 4096 (got " +
-                                     std::to_string(block) + ")");
-  return block;
+  if (s == "nearest")
+    fail(errc::invalid_argument,
+         "rounding 'nearest': renamed 'nearest_toward_zero' in lowbit 0.2 (the nearest entry, "
+         "ties to the entry of smaller magnitude); expected one of nearest_toward_zero, "
+         "stochastic");
+  fail(errc::invalid_argument,
+       "rounding '" + s + "': expected one of nearest_toward_zero, stochastic");
 }
 
 // Contiguous arrays are read flat (any rank); others keep their strides and get the kernels'
@@ -91,89 +93,126 @@ k::tensor_view flat_view(const array_arg& a) {
   return view_of(a, a.contiguous());
 }
 
+// The block length is checked by the kernels; the results are allocated for any length first.
 k::blockwise_config config_of(std::int64_t block, const std::string& rounding, std::uint64_t seed,
                               std::uint64_t offset) {
   k::blockwise_config cfg;
-  cfg.block = check_block(block);
+  cfg.block = block;
   cfg.rounding = parse_rounding(rounding);
   cfg.rng = emu::random_stream{seed, offset};
   return cfg;
 }
 
-void quantize_blockwise(py::handle x, py::handle codebook, std::int64_t block,
-                        const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
-                        py::handle codes, py::handle absmax, int threads, std::uintptr_t stream) {
+py::tuple quantize_blockwise(py::handle x, py::handle codebook, std::int64_t block,
+                             const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
+                             const py::function& empty, std::int64_t threads,
+                             std::uintptr_t stream) {
   const k::codebook cb = codebook_of(codebook, "codebook");
   const k::blockwise_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   const array_arg xa = take(x, "x", stream, {quant_inputs, ""});
+  const py::object codes = result_array(py::none(), empty, xa.shape, dtype::uint8);
+  const py::object absmax =
+      result_array(py::none(), empty, {ceil_div(xa.numel(), block)}, dtype::float32);
   const array_arg ca = take(codes, "codes", stream, {{dtype::uint8}, ""}, true);
   const array_arg aa = take(absmax, "absmax", stream, {{dtype::float32}, ""}, true);
   const k::tensor_view xv = flat_view(xa), cv = flat_view(ca), av = flat_view(aa);
-  py::gil_scoped_release no_gil;
-  k::quantize_blockwise(xv, cv, av, cb, cfg, ex);
+  {
+    py::gil_scoped_release no_gil;
+    k::quantize_blockwise(xv, cv, av, cb, cfg, ex);
+  }
+  return py::make_tuple(codes, absmax);
 }
 
-void quantize_blockwise_nested(py::handle x, py::handle codebook, py::handle nested_codebook,
-                               std::int64_t block, const std::string& rounding, std::uint64_t seed,
-                               std::uint64_t offset, py::handle codes, py::handle absmax_codes,
-                               py::handle absmax2, int threads, std::uintptr_t stream) {
+// Returns (codes, absmax.codes, absmax.absmax).
+py::tuple quantize_blockwise_nested(py::handle x, py::handle codebook, py::handle nested_codebook,
+                                    std::int64_t block, const std::string& rounding,
+                                    std::uint64_t seed, std::uint64_t offset,
+                                    const py::function& empty, std::int64_t threads,
+                                    std::uintptr_t stream) {
   const k::codebook cb = codebook_of(codebook, "codebook");
   const k::codebook cb2 = codebook_of(nested_codebook, "nested_codebook");
   const k::blockwise_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   const array_arg xa = take(x, "x", stream, {quant_inputs, ""});
+  const std::int64_t blocks = ceil_div(xa.numel(), block);
+  const py::object codes = result_array(py::none(), empty, xa.shape, dtype::uint8);
+  const py::object codes2 = result_array(py::none(), empty, {blocks}, dtype::uint8);
+  const py::object absmax2 =
+      result_array(py::none(), empty, {ceil_div(blocks, k::nested_block)}, dtype::float32);
   const array_arg ca = take(codes, "codes", stream, {{dtype::uint8}, ""}, true);
-  const array_arg na = take(absmax_codes, "absmax.codes", stream, {{dtype::uint8}, ""}, true);
+  const array_arg na = take(codes2, "absmax.codes", stream, {{dtype::uint8}, ""}, true);
   const array_arg a2 = take(absmax2, "absmax.absmax", stream, {{dtype::float32}, ""}, true);
   const k::tensor_view xv = flat_view(xa), cv = flat_view(ca);
   const k::nested_absmax nested{flat_view(na), flat_view(a2), cb2};
-  py::gil_scoped_release no_gil;
-  k::quantize_blockwise_nested(xv, cv, nested, cb, cfg, ex);
+  {
+    py::gil_scoped_release no_gil;
+    k::quantize_blockwise_nested(xv, cv, nested, cb, cfg, ex);
+  }
+  return py::make_tuple(codes, codes2, absmax2);
 }
 
-void dequantize_blockwise(py::handle codes, py::handle absmax, py::handle codebook,
-                          std::int64_t block, py::handle out, int threads, std::uintptr_t stream) {
+py::object dequantize_blockwise(py::handle codes, py::handle absmax, py::handle codebook,
+                                std::int64_t block, py::handle out, const py::function& empty,
+                                std::int64_t threads, std::uintptr_t stream) {
   const k::codebook cb = codebook_of(codebook, "codebook");
-  check_block(block);
   const k::exec ex = exec_of(threads, stream);
   const array_arg ca = take(codes, "codes", stream,
                             {{dtype::uint8}, "does not hold codebook indices; expected uint8"});
   const array_arg aa = take(absmax, "absmax", stream, {{dtype::float32}, ""});
-  const array_arg oa = take(out, "out", stream, {{dtype::float32}, ""}, true);
+  const py::object result = result_array(out, empty, ca.shape, dtype::float32);
+  const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
   require_shape(oa, ca.shape, "the shape of codes");
   const k::tensor_view cv = flat_view(ca), av = flat_view(aa), ov = flat_view(oa);
-  py::gil_scoped_release no_gil;
-  k::dequantize_blockwise(cv, av, ov, cb, block, ex);
+  {
+    py::gil_scoped_release no_gil;
+    k::dequantize_blockwise(cv, av, ov, cb, block, ex);
+  }
+  return result;
 }
 
-void dequantize_blockwise_nested(py::handle codes, py::handle absmax_codes, py::handle absmax2,
-                                 py::handle codebook, py::handle nested_codebook,
-                                 std::int64_t block, py::handle out, int threads,
-                                 std::uintptr_t stream) {
+py::object dequantize_blockwise_nested(py::handle codes, py::handle absmax_codes,
+                                       py::handle absmax2, py::handle codebook,
+                                       py::handle nested_codebook, std::int64_t block,
+                                       py::handle out, const py::function& empty,
+                                       std::int64_t threads, std::uintptr_t stream) {
   const k::codebook cb = codebook_of(codebook, "codebook");
-  const k::codebook cb2 = codebook_of(nested_codebook, "nested_codebook");
-  check_block(block);
+  const k::codebook cb2 = codebook_of(nested_codebook, "absmax.codebook");
   const k::exec ex = exec_of(threads, stream);
   const array_arg ca = take(codes, "codes", stream,
                             {{dtype::uint8}, "does not hold codebook indices; expected uint8"});
   const array_arg na = take(absmax_codes, "absmax.codes", stream, {{dtype::uint8}, ""});
   const array_arg a2 = take(absmax2, "absmax.absmax", stream, {{dtype::float32}, ""});
-  const array_arg oa = take(out, "out", stream, {{dtype::float32}, ""}, true);
+  const py::object result = result_array(out, empty, ca.shape, dtype::float32);
+  const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
   require_shape(oa, ca.shape, "the shape of codes");
   const k::tensor_view cv = flat_view(ca), ov = flat_view(oa);
   const k::nested_absmax nested{flat_view(na), flat_view(a2), cb2};
-  py::gil_scoped_release no_gil;
-  k::dequantize_blockwise_nested(cv, nested, ov, cb, block, ex);
+  {
+    py::gil_scoped_release no_gil;
+    k::dequantize_blockwise_nested(cv, nested, ov, cb, block, ex);
+  }
+  return result;
 }
 
-void estimate_quantiles(py::handle x, py::handle out, int threads, std::uintptr_t stream) {
+// k is this binding's own parameter (the kernels read the number of quantiles off out's size).
+py::object estimate_quantiles(py::handle x, std::int64_t k, py::handle out,
+                              const py::function& empty, std::int64_t threads,
+                              std::uintptr_t stream) {
+  if (k < 1 || k > k::quantile_chunk)
+    fail(errc::invalid_argument, "k: expected 1.." + std::to_string(k::quantile_chunk) +
+                                     " quantiles, got " + std::to_string(k));
   const k::exec ex = exec_of(threads, stream);
   const array_arg xa = take(x, "x", stream, {quant_inputs, ""});
-  const array_arg oa = take(out, "out", stream, {{dtype::float32}, ""}, true);
+  const py::object result = result_array(out, empty, {k}, dtype::float32);
+  const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
+  require_shape(oa, {k}, "k quantiles");
   const k::tensor_view xv = flat_view(xa), ov = flat_view(oa);
-  py::gil_scoped_release no_gil;
-  k::estimate_quantiles(xv, ov, ex);
+  {
+    py::gil_scoped_release no_gil;
+    k::estimate_quantiles(xv, ov, ex);
+  }
+  return result;
 }
 
 } // namespace
@@ -215,22 +254,22 @@ void bind_blockwise(py::module_& m) {
       py::arg("v"), "256 user values, validated (finite, in [-1, 1], ascending).");
   m.def("is_blockwise_block", &k::is_blockwise_block, py::arg("block"),
         "Whether block is one of 64, 128, ..., 4096.");
+  // The array functions allocate their results with `empty(shape, dtype)` unless `out` is given.
   m.def("quantize_blockwise", &quantize_blockwise, py::arg("x"), py::arg("codebook"),
-        py::arg("block"), py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("codes"),
-        py::arg("absmax"), py::arg("threads"), py::arg("stream"));
+        py::arg("block"), py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("empty"),
+        py::arg("threads"), py::arg("stream"));
   m.def("quantize_blockwise_nested", &quantize_blockwise_nested, py::arg("x"), py::arg("codebook"),
         py::arg("nested_codebook"), py::arg("block"), py::arg("rounding"), py::arg("seed"),
-        py::arg("offset"), py::arg("codes"), py::arg("absmax_codes"), py::arg("absmax2"),
-        py::arg("threads"), py::arg("stream"));
+        py::arg("offset"), py::arg("empty"), py::arg("threads"), py::arg("stream"));
   m.def("dequantize_blockwise", &dequantize_blockwise, py::arg("codes"), py::arg("absmax"),
-        py::arg("codebook"), py::arg("block"), py::arg("out"), py::arg("threads"),
+        py::arg("codebook"), py::arg("block"), py::arg("out"), py::arg("empty"), py::arg("threads"),
         py::arg("stream"));
   m.def("dequantize_blockwise_nested", &dequantize_blockwise_nested, py::arg("codes"),
         py::arg("absmax_codes"), py::arg("absmax2"), py::arg("codebook"),
-        py::arg("nested_codebook"), py::arg("block"), py::arg("out"), py::arg("threads"),
-        py::arg("stream"));
-  m.def("estimate_quantiles", &estimate_quantiles, py::arg("x"), py::arg("out"), py::arg("threads"),
-        py::arg("stream"));
+        py::arg("nested_codebook"), py::arg("block"), py::arg("out"), py::arg("empty"),
+        py::arg("threads"), py::arg("stream"));
+  m.def("estimate_quantiles", &estimate_quantiles, py::arg("x"), py::arg("k"), py::arg("out"),
+        py::arg("empty"), py::arg("threads"), py::arg("stream"));
 }
 
 } // namespace lowbit::python

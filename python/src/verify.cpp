@@ -67,9 +67,9 @@ vf::report verify(py::handle candidate, py::handle reference,
                   py::handle inputs, py::handle input_fmt_arg, int worst,
                   const std::optional<py::array_t<double, py::array::c_style>>& bounds,
                   const std::string& bound_name) {
-  const std::optional<emu::format> fmt = optional_format(fmt_arg, "format");
+  const std::optional<emu::format> fmt = optional_format(fmt_arg, "fmt");
   vf::options opt;
-  opt.input_format = optional_format(input_fmt_arg, "input_format");
+  opt.input_format = optional_format(input_fmt_arg, "input_fmt");
   if (worst < 0)
     throw error(errc::invalid_argument,
                 "worst: expected a count >= 0, got " + std::to_string(worst));

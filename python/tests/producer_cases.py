@@ -22,8 +22,8 @@ def failing_verify_cases(x: np.ndarray, finite: np.ndarray) -> list:
     bf16 = finite.astype(ml_dtypes.bfloat16)
     return [
         (rounded, exact, "ulp:0", {"inputs": finite}),
-        (codes_tz, codes, "exact", {"format": "e4m3fn", "inputs": x}),
-        (finite / 2, finite / 2 + 1e-3, "atol:1e-4", {"inputs": codes, "input_format": "e4m3fn"}),
+        (codes_tz, codes, "exact", {"fmt": "e4m3fn", "inputs": x}),
+        (finite / 2, finite / 2 + 1e-3, "atol:1e-4", {"inputs": codes, "input_fmt": "e4m3fn"}),
         (x.astype(np.float16), (x * 1.001).astype(np.float16), "ulp:1", {}),
         (bf16, finite, "rtol:2e-3", {"inputs": bf16}),
     ]

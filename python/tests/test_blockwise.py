@@ -603,7 +603,7 @@ def test_errors():
         lowbit.quantize_blockwise(x, block=100)
     with pytest.raises(TypeError, match="^block: expected an integer"):
         lowbit.quantize_blockwise(x, block=64.0)
-    with pytest.raises(ValueError, match="^rounding 'up': expected one of nearest, stochastic"):
+    with pytest.raises(ValueError, match="^rounding 'up': expected one of nearest_toward_zero, stochastic"):
         lowbit.quantize_blockwise(x, rounding="up")
     with pytest.raises(ValueError, match="^seed: "):
         lowbit.quantize_blockwise(x, rounding="stochastic", seed=-1)
@@ -688,7 +688,7 @@ def test_cuda_tensors_equal_the_cpu_bit_for_bit():
     host = torch.randn(5, 3001, generator=g) * torch.exp(torch.rand(5, 3001, generator=g) * 8 - 4)
     host[1, 7] = float("nan")
     for block in BLOCKS:
-        for rounding in ("nearest", "stochastic"):
+        for rounding in ("nearest_toward_zero", "stochastic"):
             want = lowbit.quantize_blockwise(np_of(host), "dynamic", block, rounding=rounding,
                                              seed=9)
             x = host.cuda()

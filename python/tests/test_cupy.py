@@ -259,9 +259,9 @@ def test_mx(dtype, elem, block):
 def test_blockwise(dtype):
     x = np.tile(X, (3, 2)).astype(NUMPY_DTYPES[dtype])  # 15540 elements: partial last blocks
     dx = on_device(x)
-    for codebook, block, rounding in (("dynamic", 64, "nearest"), ("linear", 256, "stochastic"),
+    for codebook, block, rounding in (("dynamic", 64, "nearest_toward_zero"), ("linear", 256, "stochastic"),
                                       ("dynamic", 4096, "stochastic"),
-                                      (Codebook.from_format("e4m3fn"), 1024, "nearest")):
+                                      (Codebook.from_format("e4m3fn"), 1024, "nearest_toward_zero")):
         codes, absmax = lowbit.quantize_blockwise(dx, codebook, block, rounding=rounding, seed=4)
         want_codes, want_absmax = lowbit.quantize_blockwise(x, codebook, block,
                                                             rounding=rounding, seed=4)
@@ -377,7 +377,7 @@ def test_verify_copies_on_the_callers_stream():
     ref = lowbit.cast(FINITE, "e4m3fn")
     src = on_device(ref)
     with side_stream():
-        report = lowbit.verify(late_copy(src), ref, "exact", format="e4m3fn")
+        report = lowbit.verify(late_copy(src), ref, "exact", fmt="e4m3fn")
     assert report.ok, str(report)
 
 
@@ -416,9 +416,9 @@ def test_verify_with_a_bound_function():
     cand = FINITE.copy()
     cand[::2] *= np.float32(1.01)  # over the bound of 2^-7 relative in every other row
     codes = lowbit.cast(FINITE, "e4m3fn")
-    want = lowbit.verify(cand, ref, within, inputs=codes, input_format="e4m3fn")
+    want = lowbit.verify(cand, ref, within, inputs=codes, input_fmt="e4m3fn")
     got = lowbit.verify(on_device(cand), on_device(ref), within, inputs=on_device(codes),
-                        input_format="e4m3fn")
+                        input_fmt="e4m3fn")
     assert not got.ok and got.policy == "bound:within"
     same_report(got, want)
     (ref_np, in_np), (ref_cupy, in_cupy) = seen
@@ -476,7 +476,7 @@ def test_wrong_shapes_are_value_errors():
     with pytest.raises(ValueError, match=r"^scales: "):
         lowbit.dequantize_mx(mx_codes, mx_scales[:, :-1].copy(), "e4m3fn")
     expect_verify_shape_errors(dx)
-    with pytest.raises(ValueError, match=r"^transpose: only granularity='columns'"):
+    with pytest.raises(ValueError, match=r"^transpose: only per-column quantization"):
         lowbit.quantize(dx, "e4m3fn", "rows", transpose=True)
 
 

@@ -225,8 +225,8 @@ def test_broken_producers():
             super().__init__(a)
             del self.shape
 
-    with pytest.raises(TypeError, match=r"^x: a DLPack producer without a \.shape attribute"):
-        lowbit.cast(NoShape(X), "e4m3fn")
+    # The module reads the shape from the DLPack tensor, so the attribute is not needed.
+    assert np.array_equal(lowbit.cast(NoShape(X), "e4m3fn"), lowbit.cast(X, "e4m3fn"))
 
 
 def test_a_used_capsule_is_not_taken_twice():

@@ -84,6 +84,7 @@ granularities = st.one_of(
 roundings = st.one_of(st.sampled_from(["nearest_even", "stochastic", "toward_zero", "nearest"]),
                       names)
 scales = st.one_of(st.floats(allow_nan=True, allow_infinity=True), array_like)
+outs = st.one_of(st.none(), arrays, junk)
 
 POLICY = dict(rounding=roundings, saturate=bools,
               subnormals=st.one_of(st.sampled_from(["keep", "flush"]), names),
@@ -92,32 +93,33 @@ POLICY = dict(rounding=roundings, saturate=bools,
 
 # function -> argument strategies (valid values are likely, invalid ones frequent)
 CALLS = {
-    lowbit.cast: dict(x=array_like, fmt=formats, **POLICY),
+    lowbit.cast: dict(x=array_like, fmt=formats, out=outs, **POLICY),
     lowbit.decode: dict(codes=array_like, fmt=formats,
                         dtype=st.one_of(st.sampled_from(["float32", "float64", np.float64,
                                                          "int8"]), junk),
-                        threads=ints),
-    lowbit.quantize: dict(x=st.one_of(float32_arrays, array_like), target=targets,
+                        out=outs, threads=ints),
+    lowbit.quantize: dict(x=st.one_of(float32_arrays, array_like), fmt=targets,
                           granularity=granularities, margin=ints, pow2=bools, transpose=bools,
                           **POLICY),
     lowbit.cast_scaled: dict(x=st.one_of(float32_arrays, array_like), scale=scales,
-                             target=targets, **POLICY),
-    lowbit.dequantize: dict(codes=array_like, scales=scales, target=targets,
+                             fmt=targets, out=outs, **POLICY),
+    lowbit.dequantize: dict(codes=array_like, scales=scales, fmt=targets,
                             granularity=granularities,
-                            dtype=st.one_of(st.just("float32"), junk), threads=ints),
+                            dtype=st.one_of(st.just("float32"), junk), out=outs,
+                            threads=ints),
     lowbit.quantize_delayed: dict(x=st.one_of(float32_arrays, array_like),
-                                  history=st.one_of(float32_arrays, array_like), target=targets,
+                                  history=st.one_of(float32_arrays, array_like), fmt=targets,
                                   reduce=st.one_of(st.sampled_from(["max", "most_recent"]),
                                                    names),
                                   margin=ints, pow2=bools, **POLICY),
     lowbit.quantize_mx: dict(x=st.one_of(float32_arrays, array_like),
-                             elem=st.one_of(st.sampled_from(["e4m3fn", "int8", "e2m1fn"]),
+                             fmt=st.one_of(st.sampled_from(["e4m3fn", "int8", "e2m1fn"]),
                                             targets),
                              block=ints, **POLICY),
     lowbit.dequantize_mx: dict(codes=array_like, scales=array_like,
-                               elem=st.one_of(st.sampled_from(["e4m3fn", "int8"]), targets),
+                               fmt=st.one_of(st.sampled_from(["e4m3fn", "int8"]), targets),
                                block=ints, dtype=st.one_of(st.just("float32"), junk),
-                               threads=ints),
+                               out=outs, threads=ints),
 }
 
 

@@ -195,8 +195,8 @@ def test_mx(jax, jnp, dtype, elem):
 def test_blockwise(jax, jnp, dtype):
     x = np.tile(X, (3, 2)).astype(NUMPY_DTYPES[dtype])  # 1440 elements: partial last blocks
     jx = on_jax(jnp, x)
-    for codebook, block, rounding in (("dynamic", 64, "nearest"), ("linear", 256, "stochastic"),
-                                      (Codebook.from_format("e4m3fn"), 1024, "nearest")):
+    for codebook, block, rounding in (("dynamic", 64, "nearest_toward_zero"), ("linear", 256, "stochastic"),
+                                      (Codebook.from_format("e4m3fn"), 1024, "nearest_toward_zero")):
         codes, absmax = lowbit.quantize_blockwise(jx, codebook, block, rounding=rounding, seed=4)
         want_codes, want_absmax = lowbit.quantize_blockwise(x, codebook, block,
                                                             rounding=rounding, seed=4)
@@ -262,9 +262,9 @@ def test_verify_with_a_bound_function(jnp):
     cand = (FINITE * 1.005).astype(ml_dtypes.bfloat16)
     ref = FINITE.astype(ml_dtypes.bfloat16)
     codes = lowbit.cast(FINITE, "e4m3fn")
-    want = lowbit.verify(cand, ref, within, inputs=codes, input_format="e4m3fn")
+    want = lowbit.verify(cand, ref, within, inputs=codes, input_fmt="e4m3fn")
     got = lowbit.verify(on_jax(jnp, cand), on_jax(jnp, ref), within, inputs=on_jax(jnp, codes),
-                        input_format="e4m3fn")
+                        input_fmt="e4m3fn")
     assert not got.ok and got.policy == "bound:within"
     same_report(got, want)
     (ref_np, in_np), (ref_jax, in_jax) = seen
@@ -279,14 +279,14 @@ def test_verify_reads_jax_float8_arrays_as_codes(jnp, dtype, fmt):
     x = np.clip(FINITE, -50, 50)
     jcand = on_jax(jnp, x).astype(getattr(jnp, dtype))
     want = lowbit.verify(np.asarray(jcand).view(np.uint8), lowbit.cast(x, fmt), "exact",
-                         format=fmt)
+                         fmt=fmt)
     got = lowbit.verify(jcand, lowbit.cast(x, fmt), "exact")
     assert got.ok and got.grid == fmt
     same_report(got, want)
     assert lowbit.verify(jcand, on_jax(jnp, x.astype(getattr(ml_dtypes, dtype))), "exact").ok
     with pytest.raises(ValueError, match=rf"^candidate: dtype {dtype} holds {fmt} codes, but the "
                                          r"format is e3m4"):
-        lowbit.verify(jcand, lowbit.cast(x, fmt), "exact", format="e3m4")
+        lowbit.verify(jcand, lowbit.cast(x, fmt), "exact", fmt="e3m4")
 
 
 # ---- refusals ----------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_ulp_distance_between_codes_against_ml_dtypes(fmt):
     firsts = np.union1d(special, rng.choice(len(codes), size=16, replace=False))
     cand = np.repeat(codes[firsts], len(codes))
     ref = np.tile(codes, len(firsts))
-    report = lowbit.verify(cand, ref, "ulp:inf", format=fmt, worst=len(cand))
+    report = lowbit.verify(cand, ref, "ulp:inf", fmt=fmt, worst=len(cand))
     nan = np.isnan(values)
     both_nan = nan[cand] & nan[ref]
     one_nan = nan[cand] ^ nan[ref]
@@ -142,8 +142,8 @@ def test_ml_dtypes_arrays_are_codes_of_their_format():
     assert report.ok and report.grid == "e4m3fn" and report.candidate_dtype == "uint8"
     report = lowbit.verify(mine, x, "ulp:1", inputs=x.astype(ml_dtypes.float4_e2m1fn))
     assert report.ok and report.worst[0].input_hex.startswith("0x")
-    with pytest.raises(ValueError, match="holds e4m3fn codes, but the format is e5m2"):
-        lowbit.verify(mine, expected, "exact", format="e5m2")
+    with pytest.raises(ValueError, match="holds e4m3fn codes, but fmt is e5m2"):
+        lowbit.verify(mine, expected, "exact", fmt="e5m2")
     with pytest.raises(ValueError, match="reference: dtype float8_e5m2 holds e5m2 codes"):
         lowbit.verify(mine, x.astype(ml_dtypes.float8_e5m2), "ulp:1")
 
@@ -187,7 +187,7 @@ def test_bound_functions_see_values_and_inputs():
     assert seen["reference"].dtype == np.float64 and seen["inputs"].shape == (2, 2)
     assert not lowbit.verify(cand, ref, lambda r: 0.25).ok  # a scalar broadcasts
     codes = lowbit.cast(np.float32([1.0, 1.1]), "e4m3fn")
-    report = lowbit.verify(codes, codes, lambda r: r * 0, format="e4m3fn")
+    report = lowbit.verify(codes, codes, lambda r: r * 0, fmt="e4m3fn")
     assert report.ok
     with pytest.raises(ValueError, match=r"bound function returned nan at index \[1\]"):
         lowbit.verify(cand[0], ref[0], lambda r: np.array([0.0, np.nan]))
@@ -260,16 +260,16 @@ def test_worst_keeps_the_worst():
     ((np.zeros(3), np.zeros(3), "close"), {}, ValueError, "unknown policy 'close'"),
     ((np.zeros(3), np.zeros(3), "atol:nan"), {}, ValueError, "atol is NaN"),
     ((np.zeros(3), np.zeros(3), "rtol:-1"), {}, ValueError, "rtol must be >= 0"),
-    ((np.zeros(3), np.zeros(3), "ulp:1@e5m2"), {"format": "e4m3fn"}, ValueError,
+    ((np.zeros(3), np.zeros(3), "ulp:1@e5m2"), {"fmt": "e4m3fn"}, ValueError,
      "names format e5m2 but the format argument is e4m3fn"),
     ((np.zeros(3), np.zeros(3), 3), {}, TypeError, "policy: expected a string"),
     ((np.zeros(3), np.zeros(3)), {"worst": -1}, ValueError, "worst: expected a count >= 0"),
     ((np.zeros(3), np.zeros(3)), {"worst": 1.5}, TypeError, "worst: expected an integer"),
-    ((np.zeros(3), np.zeros(3)), {"format": 7}, TypeError, "format: expected a format name"),
-    ((np.zeros(3), np.zeros(3)), {"format": "e9m9"}, ValueError, "format: format 'e9m9'"),
+    ((np.zeros(3), np.zeros(3)), {"fmt": 7}, TypeError, "fmt: expected a format name"),
+    ((np.zeros(3), np.zeros(3)), {"fmt": "e9m9"}, ValueError, "fmt: format 'e9m9'"),
     ((np.zeros(3, np.int64), np.zeros(3, np.int64)), {}, TypeError, "int64 is not supported"),
     ((np.zeros(3, bool), np.zeros(3, bool)), {}, TypeError, "dtype bool is not supported"),
-    ((np.uint8([0, 0x1F]), np.uint8([0, 0])), {"format": "e2m1fn"}, ValueError,
+    ((np.uint8([0, 0x1F]), np.uint8([0, 0])), {"fmt": "e2m1fn"}, ValueError,
      r"candidate\[1\] = 0x1F is not a code of e2m1fn"),
     ((Fake(np.zeros(3), device=(4, 0)), np.zeros(3)), {}, TypeError,
      r"^candidate: memory on OpenCL \(DLPack device type 4\) is not supported"),

@@ -29,9 +29,9 @@ BF16 = X.astype(ml_dtypes.bfloat16)
 # reports compared below list elements, inputs and a histogram.
 CASES = {
     "float32-vs-float64": (ROUNDED, EXACT, "ulp:0.5", {"inputs": X.astype(np.int8)}),
-    "codes": (CODES_CAND, CODES_REF, "exact", {"format": "e4m3fn", "inputs": X}),
+    "codes": (CODES_CAND, CODES_REF, "exact", {"fmt": "e4m3fn", "inputs": X}),
     "code-inputs": (X / 2, X / 2 + 1e-3, "atol:1e-4", {"inputs": CODES_REF,
-                                                          "input_format": "e4m3fn"}),
+                                                          "input_fmt": "e4m3fn"}),
     "transposed-float16": (X.T.astype(np.float16), (X.T * 1.001).astype(np.float16), "ulp:1",
                            {}),
     "bfloat16": (BF16, X, "rtol:2e-3", {"inputs": BF16}),
@@ -85,9 +85,9 @@ def test_cpu_producers_give_the_numpy_report(case, producer):
 
 def test_producers_mix_with_numpy_arrays_and_are_read_in_place():
     ref = Fake(CODES_REF)
-    report = lowbit.verify(CODES_CAND, ref, "ulp:1", format="e4m3fn")
+    report = lowbit.verify(CODES_CAND, ref, "ulp:1", fmt="e4m3fn")
     assert fields(report) == fields(lowbit.verify(CODES_CAND, CODES_REF, "ulp:1",
-                                                  format="e4m3fn"))
+                                                  fmt="e4m3fn"))
     assert ref.deleted == 1  # one capsule taken and given back: no copy was made
     assert [c["stream"] for c in ref.dlpack_calls] == [None]  # CPU producers get no stream
     assert lowbit.verify(Fake(X, read_only=True), X).ok  # verify only reads
@@ -101,12 +101,12 @@ def test_bound_functions_see_numpy_values_of_producers():
         return np.abs(reference) * 2.0**-7
 
     cand = (X * 1.005).astype(ml_dtypes.bfloat16)
-    want = lowbit.verify(cand, BF16, within, inputs=CODES_REF, input_format="e4m3fn")
+    want = lowbit.verify(cand, BF16, within, inputs=CODES_REF, input_fmt="e4m3fn")
     # bfloat16 reference through Fake (numpy's DLPack import has no bfloat16: lowbit reads it),
     # code inputs through a producer with an array namespace.
     got = lowbit.verify(Fake(cand), Fake(BF16), within,
                         inputs=Wrapped(CODES_REF, namespace=WrappedNamespace),
-                        input_format="e4m3fn")
+                        input_fmt="e4m3fn")
     assert fields(got) == fields(want) and not got.ok and got.policy == "bound:within"
     (ref_np, in_np), (ref_dl, in_dl) = seen["calls"]
     for a, b in ((ref_np, ref_dl), (in_np, in_dl)):
@@ -232,14 +232,14 @@ def test_torch_float8_tensors_are_codes_of_their_format():
         pytest.skip("this PyTorch has no float8 types")
     t = torch.from_numpy(X)
     cand = t.to(torch.float8_e4m3fn)
-    want = lowbit.verify(cand.view(torch.uint8).numpy(), CODES_REF, "ulp:0", format="e4m3fn")
+    want = lowbit.verify(cand.view(torch.uint8).numpy(), CODES_REF, "ulp:0", fmt="e4m3fn")
     got = lowbit.verify(cand, CODES_REF, "ulp:0")
     assert fields(got) == fields(want) and got.grid == "e4m3fn"
     # torch's own cast rounds to nearest-even too
     assert np.array_equal(cand.view(torch.uint8).numpy(), CODES_REF)
     with pytest.raises(ValueError, match=r"^candidate: dtype float8_e4m3fn holds e4m3fn codes, "
-                                         r"but the format is e5m2"):
-        lowbit.verify(cand, CODES_REF, "exact", format="e5m2")
+                                         r"but fmt is e5m2"):
+        lowbit.verify(cand, CODES_REF, "exact", fmt="e5m2")
 
 
 @pytest.mark.gpu
