@@ -1,13 +1,17 @@
 """PyTorch tensors in and out: CPU tensors (marker `torch`) and CUDA tensors on the caller's
 current stream (marker `gpu`). Results must be torch tensors on the input's device, bit-equal to
-the numpy path (the CUDA kernels and the CPU twin agree bit for bit)."""
+the numpy path (the CUDA kernels and the CPU twin agree bit for bit). PyTorch's own casts are
+also an outside oracle for lowbit's, within a tested torch range (the last section)."""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
 
 import lowbit
+import oracle_versions
 from dlfake import Wrapped
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
@@ -213,3 +217,120 @@ def test_mixed_devices_are_refused():
         lowbit.dequantize(torch.zeros(4, 8, dtype=torch.uint8, device="cuda"), np.ones(1,
                                                                                       np.float32),
                           "e4m3fn")
+
+
+# ---- PyTorch's casts as an outside oracle (docs/ml_dtypes.md, "PyTorch's casts") ---------------
+#
+# Which differences each torch release has is data (oracle_versions.TORCH): for a tested release
+# exactly the listed classes must occur; any other release gets a report (a warning and an
+# xfail), not a failure. lowbit's own result on every class input is checked in any case.
+
+TORCH_TYPES = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
+               "e5m2fnuz": "float8_e5m2fnuz", "e8m0fnu": "float8_e8m0fnu",
+               "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def torch_classes(name, x):
+    """P1-P5 of docs/ml_dtypes.md, recognized from the input: key -> (mask, lowbit's code, or
+    None where another test checks lowbit: correct rounding of doubles, test_ml_dtypes.py)."""
+    import mlref
+
+    with np.errstate(invalid="ignore"):
+        v = x.astype(np.float64)
+    out = {}
+    if name == "e8m0fnu":
+        low = 2.0**-127
+        out.update({"P1": (v < 0, 0xFF), "P2": (v == 0, 0xFF),
+                    "P3": ((v > low) & (v < 1.5 * low), 0)})
+    if x.dtype == np.float64:  # rounded twice where float32(x) != x lands on a tie
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = x.astype(np.float32).astype(np.float64)
+        moved = (y != x) & ~np.isnan(x)
+        out["P4"] = (moved & mlref.on_tie(name, y), None)
+    if name == "bfloat16":  # the canonical NaN with the input's sign
+        nan = np.isnan(v)
+        out["P5"] = (nan, np.where(np.signbit(v), 0xFFFF, 0x7FFF)[nan])
+    return out
+
+
+def torch_inputs(name):
+    """Every float16 and bfloat16 code, and float32 / float64 inputs: random bits and values
+    spread over the format's range, both signs; for float64 also the double-rounding traps."""
+    import ml_dtypes
+    import mlref
+
+    info = lowbit.format_info(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    every = np.arange(1 << 16, dtype=np.uint16)
+    mags = np.ldexp(1 + rng.random(1 << 19), rng.integers(int(np.log2(info.min_subnormal)) - 3,
+                                                          int(np.log2(info.max)) + 2, 1 << 19))
+    mags *= rng.choice([-1.0, 1.0], len(mags))
+    bits32 = rng.integers(0, 1 << 32, 1 << 19, dtype=np.uint64).astype(np.uint32)
+    bits64 = rng.integers(0, 2**63, 1 << 19, dtype=np.int64) * rng.choice([-1, 1], 1 << 19)
+    with np.errstate(over="ignore"):
+        return {"float16": every.view(np.float16), "bfloat16": every.view(ml_dtypes.bfloat16),
+                "float32": np.concatenate([bits32.view(np.float32), mags.astype(np.float32)]),
+                "float64": np.concatenate([bits64.view(np.float64), mags, mlref.traps(name)[0]])}
+
+
+def torch_codes(x, name):
+    if x.dtype.itemsize == 2 and x.dtype != np.float16:  # ml_dtypes' bfloat16
+        t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(x.copy())
+    out = t.to(getattr(torch, TORCH_TYPES[name]))
+    code = lowbit.format_info(name).code_dtype
+    if np.dtype(code).itemsize == 1:
+        return out.view(torch.uint8).numpy()
+    return out.view(torch.int16).numpy().view(np.uint16)
+
+
+def codes_agree(name, ours, theirs):
+    """Equal codes, or NaN codes of the same sign (where the format's NaNs have one)."""
+    ok = ours == theirs
+    a = lowbit.decode(ours, name, "float64")
+    b = lowbit.decode(theirs, name, "float64")
+    both_nan = np.isnan(a) & np.isnan(b)
+    info = lowbit.format_info(name)
+    if info.signed and info.specials in ("ieee", "fn"):
+        shift = info.exp_bits + info.man_bits
+        both_nan &= (ours >> shift) == (theirs >> shift)
+    return ok | both_nan
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(TORCH_TYPES))
+def test_torch_casts_as_an_oracle(name):
+    if not hasattr(torch, TORCH_TYPES[name]):
+        pytest.skip(f"this PyTorch has no torch.{TORCH_TYPES[name]}")
+    tv = oracle_versions.TORCH
+    version = oracle_versions.installed_version(torch)
+    seen, exercised, problems = set(), set(), []
+    for source, x in torch_inputs(name).items():
+        ours, theirs = lowbit.cast(x, name), torch_codes(x, name)
+        differs = ~codes_agree(name, ours, theirs)
+        known = np.zeros(x.shape, bool)
+        for key, (mask, code) in torch_classes(name, x).items():
+            # lowbit's documented result, whatever PyTorch does
+            if code is not None:
+                assert (ours[mask] == code).all(), f"{name} from {source}: lowbit not {key}'s"
+            known |= mask
+            exercised |= {key} if mask.any() else set()
+            seen |= {key} if (differs & mask).any() else set()
+        idx = np.nonzero(differs & ~known)[0]
+        rows = [f"x={float(x[i])!r} lowbit={int(ours[i]):#x} torch={int(theirs[i]):#x}"
+                for i in idx[:10]]
+        if len(idx):
+            problems += oracle_versions.class_problems(
+                tv, version, f"{name} from {source}", set(), set(), len(idx),
+                ", e.g.\n  " + "\n  ".join(rows))
+    problems += oracle_versions.class_problems(tv, version, name, seen, exercised, 0)
+    oracle_versions.judge(tv, version, problems)
+
+
+@pytest.mark.torch
+def test_torch_version_table():
+    tv = oracle_versions.TORCH
+    assert tv.is_tested("2.11.0+cu130") and tv.is_tested("2.11.0") and not tv.is_tested("2.12.0")
+    assert {r.key for r in tv.rows} == {"P1", "P2", "P3", "P4", "P5"}
+    assert tv.expected("2.12.0") == tv.expected("2.11.0")  # compared with the nearest below
