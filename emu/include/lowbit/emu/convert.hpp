@@ -210,7 +210,8 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t rne_min_normal_bits(const format
 // target's subnormal quantum up with float's last place, and the FPU's nearest-even rounding does
 // the rest. Flushing subnormals (tininess before rounding) makes every a below the normal range
 // 0. Above max (Inf and NaN included) the code exceeds max_code(). (A one-addition form for both
-// ranges, with the binade's own magic number, ran 10 % slower on an H200: docs/benchmarks.md.)
+// ranges, with the binade's own magic number, ran 10 % slower on an H200:
+// docs/techniques/quantization.md.)
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t rne_grid_code(const format& f, std::uint32_t a,
                                                               bool flush) {
   const int s = 23 - f.man_bits;
