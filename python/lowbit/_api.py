@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar, Union
 
 import numpy as np
 
-from lowbit import _core, _interop
+from lowbit import _core, _dtypes, _interop
 from lowbit._core import Format
 
 FormatLike = Union[str, Format]
@@ -48,8 +48,29 @@ def _renamed(**old_to_new: str) -> Callable[[_F], _F]:
 
 
 def _format(value: Any) -> Format:
-    """The Format of a format argument (a name or a Format)."""
-    return _core.parse_format(value)
+    """The Format of a format argument: a lowbit name, a Format, an ml_dtypes name or dtype, a
+    torch dtype (lowbit._dtypes.resolve_format)."""
+    return _dtypes.resolve_format(value, "fmt")
+
+
+def _format_arg(value: Any) -> Any:
+    """A format argument as the module takes it: a Format, or a name the module parses itself
+    (lowbit's names and quantization's integer targets), so that a named call stays one trip."""
+    if isinstance(value, Format):
+        return value
+    if isinstance(value, str):
+        f = _dtypes._format_of_dtype_name(value)
+        return value if f is None else f
+    return _format(value)
+
+
+def _typed(codes: Any, fmt: Any) -> Any:
+    """The codes of a call with ``typed=True``: viewed as the format's dtype (ml_dtypes for numpy,
+    torch's float8 types for torch)."""
+    if isinstance(fmt, str) and fmt.startswith(("int", "uint")):
+        raise TypeError(f"typed: codes of the integer target {fmt!r} are integers already; "
+                        "leave typed=False")
+    return _dtypes.typed(codes, fmt, "typed")
 
 
 def _integer(name: str, value: Any) -> int:
@@ -170,18 +191,23 @@ def cast(
     seed: int = 0,
     offset: int = 0,
     out: Any = None,
+    typed: bool = False,
     threads: int = 0,
 ) -> Any:
     """Round every element of ``x`` to format ``fmt``; returns the codes, shaped like ``x``.
 
     >>> lowbit.cast(np.array([1.0, 0.3, 500.0], np.float32), "e4m3fn", saturate=True)
     array([ 56,  42, 126], dtype=uint8)
+    >>> lowbit.cast(np.array([1.0, 0.3], np.float32), "e4m3fn", typed=True).dtype
+    dtype(float8_e4m3fn)
 
     x: an array of float32, float64, float16 or bfloat16: a numpy array (bfloat16 from
         ml_dtypes; any strides; lists and Python floats are converted with ``np.asarray``) or a
         DLPack producer (torch tensor on CPU or CUDA, cupy array, ...), read without a copy.
         float64 inputs are rounded once, directly (never through float32).
-    fmt: a format name or a :class:`Format`.
+    fmt: a format: a lowbit name ("e4m3fn"), a :class:`Format`, an ml_dtypes name or dtype
+        ("float8_e4m3fn", ``ml_dtypes.float8_e4m3fn``) or a torch dtype
+        (``torch.float8_e4m3fn``).
     rounding: "nearest_even" (default), "nearest_away", "toward_zero", "up", "down", "odd" or
         "stochastic".
     saturate: finite overflow and +-Inf give +-max instead of Inf (or NaN where the format has
@@ -195,30 +221,41 @@ def cast(
         (seed, offset), so results depend on neither memory layout, thread count nor device.
     out: an array of the code dtype shaped like x, on x's device, to write the codes into (it is
         returned); by default a new one.
+    typed: return the codes viewed as the format's dtype (an ml_dtypes array for numpy, a torch
+        float8 tensor for torch; TypeError where the library has none), without a copy.
     threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream).
 
     The codes are uint8 for formats of up to 8 bits, uint16 up to 16, uint32 beyond, in the
     caller's array type on the same device (numpy in, numpy out; torch in, torch out; see
     docs/python.md). The rules are docs/rounding.md's.
     """
+    f = _format_arg(fmt)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    typed = _flag("typed", typed)
     threads = _threads(threads)
     with _out_call(("x", x, None), out, any_layout=("x",)) as c:
-        result = _core.cast(c["x"], fmt, r, c.values.get("out"), c.empty, threads, c.stream)
-        return out if out is not None else c.result(result)
+        result = _core.cast(c["x"], f, r, c.values.get("out"), c.empty, threads, c.stream)
+        result = out if out is not None else c.result(result)
+    return _typed(result, f) if typed else result
 
 
 @_renamed(target="fmt", elem="fmt")
-def decode(codes: Any, fmt: FormatLike, dtype: Any = None, *, out: Any = None,
+def decode(codes: Any, fmt: FormatLike | None = None, dtype: Any = None, *, out: Any = None,
            threads: int = 0) -> Any:
     """The exact values of ``codes`` (codes of ``fmt``) as float32 or float64.
 
     >>> lowbit.decode(np.array([56, 42, 126], np.uint8), "e4m3fn").tolist()
     [1.0, 0.3125, 448.0]
+    >>> import ml_dtypes
+    >>> lowbit.decode(np.array([0.3, 448], ml_dtypes.float8_e5m2)).tolist()
+    [0.3125, 448.0]
 
     codes: an array of the format's code dtype (``format_info(fmt).code_dtype``: uint8, uint16
         or uint32): numpy or a DLPack producer, as for :func:`cast`; lists of ints are converted
-        to it. Bits above the format's width are ignored.
+        to it. Bits above the format's width are ignored. Or typed codes: an ml_dtypes array
+        (float8_*, float6_*, float4_*, bfloat16, float16) or a torch float8/bfloat16/float16
+        tensor, whose dtype names the format (``fmt`` may then be left out).
+    fmt: a format, in any form :func:`cast` takes; required for raw codes.
     dtype: "float32" (the default without ``out``) or "float64" (a name, numpy dtype or torch
         dtype); float64 is required for formats whose values do not all fit float32
         (``Format.fits_float``). JAX holds float64 results only with jax_enable_x64 (TypeError
@@ -232,10 +269,20 @@ def decode(codes: Any, fmt: FormatLike, dtype: Any = None, *, out: Any = None,
     """
     dtype_name = None if dtype is None else _dtype_name(dtype)
     threads = _threads(threads)
+    codes, implied = _dtypes.codes_of(codes, "codes")
+    if implied is not None:
+        if fmt is not None and _format(fmt) != implied:
+            raise ValueError(f"codes: an array of {implied.name} codes (its dtype), but fmt is "
+                             f"{_format(fmt).name}")
+        fmt = implied
+    elif fmt is None:
+        raise TypeError("fmt: required for raw codes (only typed codes, ml_dtypes or torch "
+                        "float8 arrays, name their format)")
+    f = _format_arg(fmt)
     # Non-array codes (lists) become numpy arrays of the format's code dtype.
-    code_dtype = None if _interop.is_array(codes) else _format(fmt).code_dtype
+    code_dtype = None if _interop.is_array(codes) else _format(f).code_dtype
     with _out_call(("codes", codes, code_dtype), out, any_layout=("codes",)) as c:
-        result = _core.decode(c["codes"], fmt, dtype_name, c.values.get("out"), c.empty, threads,
+        result = _core.decode(c["codes"], f, dtype_name, c.values.get("out"), c.empty, threads,
                               c.stream)
         return out if out is not None else c.result(result)
 

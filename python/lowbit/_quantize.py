@@ -14,10 +14,13 @@ from typing import Any, Union
 
 import numpy as np
 
-from lowbit import _core, _interop
+from lowbit import _core, _dtypes, _interop
 from lowbit._api import (
     _dtype_name,
     _flag,
+    _format,
+    _format_arg,
+    _typed,
     _integer,
     _name,
     _renamed,
@@ -174,6 +177,9 @@ _POLICY_DOC = """
         largest finite value, as in the common quantization libraries.
     seed, offset: the Philox stream of stochastic rounding; element (r, c) of the matrix
         reading draws bits(r * N + c), whatever the layout of x or of the codes.
+    typed: return the codes viewed as the format's dtype (an ml_dtypes array for numpy, a torch
+        float8 tensor for torch; TypeError for integer targets and where the library has no
+        dtype for the format), without a copy.
     threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream)."""
 
 
@@ -181,6 +187,16 @@ def _doc(f: Any) -> Any:
     if f.__doc__:  # None under python -OO
         f.__doc__ = f.__doc__.replace("    {policy}", _POLICY_DOC.strip("\n"))
     return f
+
+
+def _typed_codes(codes: Any, fmt: Any) -> tuple[Any, Any]:
+    """Typed codes (ml_dtypes arrays, torch float8 tensors) as raw codes, checked against fmt."""
+    codes, implied = _dtypes.codes_of(codes, "codes")
+    f = _format_arg(fmt)
+    if implied is not None and _format(f) != implied:
+        raise ValueError(f"codes: an array of {implied.name} codes (its dtype), but fmt is "
+                         f"{_format(f).name}")
+    return codes, f
 
 
 def _code_dtype(fmt: Any) -> str:
@@ -206,6 +222,7 @@ def quantize(
     random_bits: int | None = None,
     seed: int = 0,
     offset: int = 0,
+    typed: bool = False,
     threads: int = 0,
 ) -> tuple[Any, Any]:
     """Absmax-scaled quantization; returns ``(codes, scales)``.
@@ -250,17 +267,20 @@ def quantize(
     ``x.shape[:-1] + (ceil(N/k),)``, ``(ceil(M/r), ceil(N/c))``; ``(N, 1)`` with
     ``transpose``), both in the caller's array type on x's device.
     """
+    f = _format_arg(fmt)
     g = Granularity.of(granularity)
     margin = _integer("margin", margin)
     pow2 = _flag("pow2", pow2)
     transpose = _flag("transpose", transpose)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    typed = _flag("typed", typed)
     threads = _threads(threads)
     with _interop.call(("x", x, "float32")) as c:
         kind, rows, cols = g._core_args()
-        codes, scales = _core.quantize(c["x"], fmt, kind, rows, cols, margin, pow2, transpose, r,
+        codes, scales = _core.quantize(c["x"], f, kind, rows, cols, margin, pow2, transpose, r,
                                        c.empty, threads, c.stream)
-        return c.result(codes), c.result(scales)
+        codes, scales = c.result(codes), c.result(scales)
+    return (_typed(codes, f) if typed else codes), scales
 
 
 @_doc
@@ -278,6 +298,7 @@ def cast_scaled(
     seed: int = 0,
     offset: int = 0,
     out: Any = None,
+    typed: bool = False,
     threads: int = 0,
 ) -> Any:
     """Quantize with a given multiplier: ``code_i = encode(fmt, fl(x_i * scale))``.
@@ -298,15 +319,18 @@ def cast_scaled(
     """
     if isinstance(scale, (bool, np.bool_)):
         raise TypeError("scale: expected a number or a float32 array, got bool")
+    f = _format_arg(fmt)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    typed = _flag("typed", typed)
     threads = _threads(threads)
     arrays = [("x", x, "float32"), ("scale", scale, "float32")]
     if out is not None:
         arrays.append(("out", out, None))
     with _interop.call(*arrays, inplace=("out",) if out is not None else ()) as c:
-        codes = _core.cast_scaled(c["x"], c["scale"], fmt, r, c.values.get("out"), c.empty,
+        codes = _core.cast_scaled(c["x"], c["scale"], f, r, c.values.get("out"), c.empty,
                                   threads, c.stream)
-        return out if out is not None else c.result(codes)
+        codes = out if out is not None else c.result(codes)
+    return _typed(codes, f) if typed else codes
 
 
 @_renamed(target="fmt", elem="fmt")
@@ -343,16 +367,17 @@ def dequantize(
 
     Returns float32 values shaped like codes, in the caller's array type on codes' device.
     """
+    codes, f = _typed_codes(codes, fmt)
     g = Granularity.of(granularity)
     _float32_out(dtype)
     threads = _threads(threads)
-    code_dtype = None if _interop.is_array(codes) else _code_dtype(fmt)
+    code_dtype = None if _interop.is_array(codes) else _code_dtype(f)
     arrays = [("codes", codes, code_dtype), ("scales", scales, "float32")]
     if out is not None:
         arrays.append(("out", out, None))
     with _interop.call(*arrays, inplace=("out",) if out is not None else ()) as c:
         kind, rows, cols = g._core_args()
-        result = _core.dequantize(c["codes"], c["scales"], fmt, kind, rows, cols,
+        result = _core.dequantize(c["codes"], c["scales"], f, kind, rows, cols,
                                   c.values.get("out"), c.empty, threads, c.stream)
         return out if out is not None else c.result(result)
 
@@ -374,6 +399,7 @@ def quantize_delayed(
     random_bits: int | None = None,
     seed: int = 0,
     offset: int = 0,
+    typed: bool = False,
     threads: int = 0,
 ) -> tuple[Any, Any]:
     """Per-tensor quantization with delayed scaling: the scale comes from the amax history of
@@ -402,16 +428,19 @@ def quantize_delayed(
     the multiplier and dequantization factor used, both in the caller's array type on x's device
     (no device synchronization: read ``scale_pair`` when you need it).
     """
+    f = _format_arg(fmt)
     reduce = _name("reduce", reduce)
     margin = _integer("margin", margin)
     pow2 = _flag("pow2", pow2)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    typed = _flag("typed", typed)
     threads = _threads(threads)
     with _interop.call(("x", x, "float32"), ("history", history, "float32"),
                        inplace=("history",)) as c:
-        codes, pair = _core.quantize_delayed(c["x"], c["history"], fmt, reduce, margin, pow2, r,
+        codes, pair = _core.quantize_delayed(c["x"], c["history"], f, reduce, margin, pow2, r,
                                              c.empty, threads, c.stream)
-        return c.result(codes), c.result(pair)
+        codes, pair = c.result(codes), c.result(pair)
+    return (_typed(codes, f) if typed else codes), pair
 
 
 @_doc
@@ -428,6 +457,7 @@ def quantize_mx(
     random_bits: int | None = None,
     seed: int = 0,
     offset: int = 0,
+    typed: bool = False,
     threads: int = 0,
 ) -> tuple[Any, Any]:
     """OCP Microscaling (MX v1.0): ``block`` consecutive elements of a row share the power-of-two
@@ -455,12 +485,15 @@ def quantize_mx(
     Returns ``(codes, scales)``: codes shaped like x (uint8; int8 for MXINT8) and the E8M0 scale
     codes, uint8, shaped ``x.shape[:-1] + (ceil(N/block),)``, in the caller's array type.
     """
+    f = _format_arg(fmt)
     block = _integer("block", block)
     r = _rounding(rounding, saturate, subnormals, nan_sign, random_bits, seed, offset)
+    typed = _flag("typed", typed)
     threads = _threads(threads)
     with _interop.call(("x", x, "float32")) as c:
-        codes, scales = _core.quantize_mx(c["x"], fmt, block, r, c.empty, threads, c.stream)
-        return c.result(codes), c.result(scales)
+        codes, scales = _core.quantize_mx(c["x"], f, block, r, c.empty, threads, c.stream)
+        codes, scales = c.result(codes), c.result(scales)
+    return (_typed(codes, f) if typed else codes), scales
 
 
 @_renamed(target="fmt", elem="fmt")
@@ -491,15 +524,16 @@ def dequantize_mx(
 
     Returns float32 values shaped like codes, in the caller's array type on codes' device.
     """
+    codes, f = _typed_codes(codes, fmt)
     block = _integer("block", block)
     _float32_out(dtype)
     threads = _threads(threads)
-    code_dtype = None if _interop.is_array(codes) else _code_dtype(fmt)
+    code_dtype = None if _interop.is_array(codes) else _code_dtype(f)
     arrays = [("codes", codes, code_dtype), ("scales", scales, "uint8")]
     if out is not None:
         arrays.append(("out", out, None))
     with _interop.call(*arrays, inplace=("out",) if out is not None else ()) as c:
-        result = _core.dequantize_mx(c["codes"], c["scales"], fmt, block, c.values.get("out"),
+        result = _core.dequantize_mx(c["codes"], c["scales"], f, block, c.values.get("out"),
                                      c.empty, threads, c.stream)
         return out if out is not None else c.result(result)
 
@@ -522,5 +556,5 @@ def target_info(fmt: FormatLike) -> TargetInfo:
     >>> lowbit.target_info("int8_sym")
     TargetInfo(name='int8_sym', code_dtype='int8', max=127.0, is_int=True)
     """
-    name, code_dtype, max_value, is_int = _core.target_info(fmt)
+    name, code_dtype, max_value, is_int = _core.target_info(_format_arg(fmt))
     return TargetInfo(name, code_dtype, max_value, is_int)

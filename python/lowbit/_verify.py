@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from lowbit import _core, _interop
+from lowbit import _core, _dtypes, _interop
 from lowbit._api import _renamed
 from lowbit._core import Format
 
@@ -49,24 +49,15 @@ def _typed_codes(a: Any, fmt: Optional[FormatLike], name: str,
         # lowbit do not read); a host JAX array is a read-only numpy view without a copy. CUDA
         # JAX arrays arrive here as host copies of torch or cupy already.
         a = np.asarray(a)
-    if isinstance(a, np.ndarray):
-        # By name: ml_dtypes gives some of these types numpy kind "V", others "f".
-        dtype_name = a.dtype.name if a.dtype.itemsize == 1 else ""
-        prefixes: tuple[str, ...] = ("float8_", "float6_", "float4_")
-    elif _interop.is_torch(a):
-        dtype_name = str(a.dtype).removeprefix("torch.")
-        prefixes = ("float8_",)  # torch's float4_e2m1fn_x2 packs two codes per byte
-    else:
+    # 16-bit floats are values here (candidates in bfloat16 are compared as numbers).
+    view, implied = _dtypes.codes_of(a, name, wide=False)
+    if implied is None:
         return a, fmt
-    if not dtype_name.startswith(prefixes):
-        return a, fmt
-    implied = _core.parse_format(dtype_name.split("_", 1)[1])
-    if fmt is not None and _core.parse_format(fmt) != implied:
-        raise ValueError(f"{name}: dtype {dtype_name} holds {implied.name} codes, but {arg} is "
-                         f"{_core.parse_format(fmt).name}")
-    if isinstance(a, np.ndarray):
-        return a.view(np.uint8), implied
-    return a.view(_interop._module("torch").uint8), implied
+    if fmt is not None and _dtypes.resolve_format(fmt, arg) != implied:
+        dtype = str(a.dtype).removeprefix("torch.")
+        raise ValueError(f"{name}: dtype {dtype} holds {implied.name} codes, but {arg} is "
+                         f"{_dtypes.resolve_format(fmt, arg).name}")
+    return view, implied
 
 
 def _values(a: Any, fmt: Optional[FormatLike], name: str) -> np.ndarray:

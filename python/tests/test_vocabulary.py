@@ -145,7 +145,7 @@ def test_info_objects_are_dataclasses_with_one_name_per_property():
      r"^margin: expected an integer, got float"),
     (lambda: lowbit.cast_scaled(X, -2.0, "e4m3fn"), ValueError,
      r"^scale: expected a positive finite multiplier"),
-    (lambda: lowbit.quantize(X, 3), TypeError, r"^fmt: expected a format name"),
+    (lambda: lowbit.quantize(X, 3), TypeError, r"^fmt: expected a format"),
     (lambda: lowbit.cast(X, "e9m9"), ValueError, r"^fmt: "),
     (lambda: lowbit.decode(np.zeros(3, np.uint8), "e4m3fn", "float16"), ValueError,
      r"^dtype 'float16': expected one of float32, float64"),
@@ -301,3 +301,51 @@ def test_docstring_examples_run(module):
     result = doctest.testmod(mod, extraglobs={"lowbit": lowbit, "np": np},
                              optionflags=doctest.NORMALIZE_WHITESPACE, report=True)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---- formats as dtypes: typed codes in and out ------------------------------------------------
+
+
+def test_dtype_forms_of_fmt():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    want = lowbit.cast(X, "e4m3fn")
+    for form in ("float8_e4m3fn", ml_dtypes.float8_e4m3fn, np.dtype(ml_dtypes.float8_e4m3fn),
+                 lowbit.parse_format("e4m3fn")):
+        assert np.array_equal(lowbit.cast(X, form), want)
+        assert np.array_equal(lowbit.quantize(X, form, "rows")[0],
+                              lowbit.quantize(X, "e4m3fn", "rows")[0])
+    assert lowbit.target_info(ml_dtypes.float8_e5m2) == lowbit.target_info("e5m2")
+    assert lowbit.format_info(ml_dtypes.float4_e2m1fn).name == "e2m1fn"
+
+
+def test_typed_codes_out_and_in():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    raw = lowbit.cast(X, "e4m3fn")
+    t = lowbit.cast(X, "e4m3fn", typed=True)
+    assert t.dtype == ml_dtypes.float8_e4m3fn and np.array_equal(t.view(np.uint8), raw)
+    # ml_dtypes' own conversion of the typed codes is the same exact value as decode's
+    assert np.array_equal(t.astype(np.float32), lowbit.decode(raw, "e4m3fn"))
+    # decode reads the format off typed codes; naming another one is refused
+    assert np.array_equal(lowbit.decode(t), lowbit.decode(raw, "e4m3fn"))
+    with pytest.raises(ValueError, match=r"^codes: an array of e4m3fn codes \(its dtype\), but "
+                                         r"fmt is e5m2"):
+        lowbit.decode(t, "e5m2")
+    with pytest.raises(TypeError, match=r"^fmt: required for raw codes"):
+        lowbit.decode(raw)
+
+    codes, scales = lowbit.quantize(X, "e5m2", "rows", typed=True)
+    assert codes.dtype == ml_dtypes.float8_e5m2
+    assert np.array_equal(lowbit.dequantize(codes, scales, "e5m2", "rows"),
+                          lowbit.dequantize(codes.view(np.uint8), scales, "e5m2", "rows"))
+    codes, scales = lowbit.quantize_mx(X, "e2m1fn", 2, typed=True)
+    assert codes.dtype == ml_dtypes.float4_e2m1fn
+    assert lowbit.dequantize_mx(codes, scales, "e2m1fn", 2).shape == X.shape
+    assert lowbit.cast_scaled(X, 4.0, "e4m3fn", typed=True).dtype == ml_dtypes.float8_e4m3fn
+    codes, _ = lowbit.quantize_delayed(X, np.zeros(2, F32), "e4m3fn", typed=True)
+    assert codes.dtype == ml_dtypes.float8_e4m3fn
+    with pytest.raises(TypeError, match=r"^typed: codes of the integer target 'int8'"):
+        lowbit.quantize(X, "int8", typed=True)
+    with pytest.raises(TypeError, match=r"^typed: expected True or False"):
+        lowbit.cast(X, "e4m3fn", typed="yes")
+    # verify reads typed codes through the same path
+    assert lowbit.verify(t, raw, "exact", fmt="e4m3fn").ok
