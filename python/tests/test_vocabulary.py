@@ -349,3 +349,17 @@ def test_typed_codes_out_and_in():
         lowbit.cast(X, "e4m3fn", typed="yes")
     # verify reads typed codes through the same path
     assert lowbit.verify(t, raw, "exact", fmt="e4m3fn").ok
+
+
+def test_typed_torch_codes():
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(X.copy())
+    t = lowbit.cast(x, torch.float8_e4m3fn, typed=True)
+    assert t.dtype == torch.float8_e4m3fn
+    assert torch.equal(t.view(torch.uint8), lowbit.cast(x, "e4m3fn"))
+    # torch's own conversion of the typed codes agrees with decode
+    assert torch.equal(t.float(), lowbit.decode(t))
+    out = torch.empty(X.shape, dtype=torch.float32)
+    assert lowbit.decode(t, out=out) is out and torch.equal(out, t.float())
+    with pytest.raises(TypeError, match=r"^typed: .*e2m1fn"):
+        lowbit.cast(x, "e2m1fn", typed=True)  # torch has no one-code-per-byte fp4 dtype
