@@ -172,7 +172,7 @@ def test_blockwise_rows(run):
     # included), plus the float32 roundings of t = x / a and of entry * a.
     half_gap = max(np.diff(values).max(), values[0] + 1) / 2
     for r in run.blockwise:
-        assert r["codebook"] == "dynamic" and r["rounding"] == "nearest"
+        assert r["codebook"] == "dynamic" and r["rounding"] == "nearest_toward_zero"
         assert r["bits_per_value"] == 8 + 32 / r["block"]
         assert r["n"] + r["zeros_excluded"] == run.doc["settings"]["size"]
         assert 0 < r["mean_err_over_absmax"] <= r["max_err_over_absmax"] <= half_gap + 2**-22
