@@ -41,12 +41,13 @@ struct target {
   }
   // Exponent of the largest value (the MX scale rule); 0 for integers (MXINT8).
   LOWBIT_HD constexpr int emax() const { return is_int ? 0 : fmt.emax(); }
-  // Storage of one code: uint8/uint16 for formats (by width), int8/uint8 for integers of up to
-  // 8 bits (one per byte, two's complement for signed ones).
+  // Storage of one code: uint8/uint16/uint32 for formats (by width; quantization takes formats
+  // of up to 16 bits, and a wider one's dtype keeps the messages that refuse it right),
+  // int8/uint8 for integers of up to 8 bits (one per byte, two's complement for signed ones).
   LOWBIT_HD constexpr dtype code_dtype() const {
     if (is_int)
       return ifmt.is_signed ? dtype::int8 : dtype::uint8;
-    return fmt.bits() <= 8 ? dtype::uint8 : dtype::uint16;
+    return fmt.bits() <= 8 ? dtype::uint8 : (fmt.bits() <= 16 ? dtype::uint16 : dtype::uint32);
   }
 };
 
