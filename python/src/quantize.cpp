@@ -193,16 +193,29 @@ py::object cast_scaled(py::handle x, py::handle scale, py::handle fmt, const rou
   return codes;
 }
 
+std::string codes_refusal(const kernels::target& t) {
+  return "does not hold codes of " + target_name(t) + "; expected " +
+         kernels::dtype_name(t.code_dtype());
+}
+
+// Dequantization takes codes of any dtype the kernels know, so that the kernels refuse a wrong
+// fmt before they look at the codes; their refusal of the codes' dtype is said in fmt's terms.
+[[noreturn]] void rethrow_dequantize(const error& e, const array_arg& codes,
+                                     const kernels::target& t) {
+  const std::string what = e.what();
+  if (e.code() == errc::invalid_type && what.rfind("codes: dtype ", 0) == 0)
+    fail(errc::invalid_type,
+         std::string("codes: dtype ") + kernels::dtype_name(codes.type) + " " + codes_refusal(t));
+  rethrow_renamed(e, quant_names);
+}
+
 py::object dequantize(py::handle codes, py::handle scales, py::handle fmt, const std::string& kind,
                       std::int64_t rows, std::int64_t cols, py::handle out,
                       const py::function& empty, std::int64_t threads, std::uintptr_t stream) {
   const kernels::target t = to_target(fmt);
   const kernels::grouping g = make_grouping(kind, rows, cols);
   const kernels::exec ex = exec_of(threads, stream);
-  const array_arg ca = take(codes, "codes", stream,
-                            {{t.code_dtype()},
-                             std::string("does not hold codes of ") + target_name(t) +
-                                 "; expected " + kernels::dtype_name(t.code_dtype())});
+  const array_arg ca = take(codes, "codes", stream, {any_dtype, codes_refusal(t)});
   const array_arg sa = take(scales, "scales", stream, {{dtype::float32}, ""});
   const py::object result = result_array(out, empty, ca.shape, dtype::float32);
   const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
@@ -212,7 +225,7 @@ py::object dequantize(py::handle codes, py::handle scales, py::handle fmt, const
     py::gil_scoped_release no_gil;
     kernels::dequantize(cv, sv, ov, t, g, ex);
   } catch (const error& e) {
-    rethrow_renamed(e, quant_names);
+    rethrow_dequantize(e, ca, t);
   }
   return result;
 }
@@ -276,10 +289,7 @@ py::object dequantize_mx(py::handle codes, py::handle scales, py::handle fmt, st
                          std::uintptr_t stream) {
   const kernels::target t = to_target(fmt);
   const kernels::exec ex = exec_of(threads, stream);
-  const array_arg ca = take(codes, "codes", stream,
-                            {{t.code_dtype()},
-                             std::string("does not hold codes of ") + target_name(t) +
-                                 "; expected " + kernels::dtype_name(t.code_dtype())});
+  const array_arg ca = take(codes, "codes", stream, {any_dtype, codes_refusal(t)});
   const array_arg sa = take(scales, "scales", stream,
                             {{dtype::uint8}, "does not hold E8M0 scale codes; expected uint8"});
   const py::object result = result_array(out, empty, ca.shape, dtype::float32);
@@ -290,7 +300,7 @@ py::object dequantize_mx(py::handle codes, py::handle scales, py::handle fmt, st
     py::gil_scoped_release no_gil;
     kernels::dequantize_mx(cv, sv, ov, t, block, ex);
   } catch (const error& e) {
-    rethrow_renamed(e, quant_names);
+    rethrow_dequantize(e, ca, t);
   }
   return result;
 }

@@ -113,6 +113,11 @@ def test_info_objects_are_dataclasses_with_one_name_per_property():
     (lambda: lowbit.quantize_mx(X, "int4"), ValueError, r"^fmt: .*int(4|8)"),
     (lambda: lowbit.dequantize_mx(np.zeros((2, 4), np.int8), np.zeros((2, 1), np.uint8), "int4"),
      ValueError, r"^fmt: .*int(4|8)"),
+    # a format no quantization takes is the reason, not the codes' dtype
+    (lambda: lowbit.dequantize(np.zeros(3, np.uint32), 1.0, "float32"), ValueError,
+     r"^fmt: format float32 cannot be a quantization target"),
+    (lambda: lowbit.dequantize(np.zeros(3, np.uint16), 1.0, "e4m3fn"), TypeError,
+     r"^codes: dtype uint16 does not hold codes of e4m3fn; expected uint8"),
     (lambda: lowbit.quantize(X, "e4m3fn", ("blocks", 0)), ValueError,
      r"^granularity: the block length must be >= 1, got 0"),
     (lambda: lowbit.quantize(X, "e4m3fn", ("tiles", 2, -1)), ValueError,
