@@ -192,6 +192,11 @@ def _doc(f: Any) -> Any:
 def _typed_codes(codes: Any, fmt: Any) -> tuple[Any, Any]:
     """Typed codes (ml_dtypes arrays, torch float8 tensors) as raw codes, checked against fmt."""
     codes, implied = _dtypes.codes_of(codes, "codes")
+    if fmt is None:
+        if implied is None:
+            raise TypeError("fmt: required for raw codes (only typed codes, ml_dtypes or torch "
+                            "float8 arrays, name their format)")
+        return codes, implied
     f = _format_arg(fmt)
     if implied is not None and _format(f) != implied:
         raise ValueError(f"codes: an array of {implied.name} codes (its dtype), but fmt is "
@@ -337,7 +342,7 @@ def cast_scaled(
 def dequantize(
     codes: Any,
     scales: Any,
-    fmt: FormatLike,
+    fmt: FormatLike | None = None,
     granularity: GranularityLike = "tensor",
     dtype: Any = "float32",
     *,
@@ -359,7 +364,8 @@ def dequantize(
         are valid and give NaN groups); a Python float is taken as the one scale of
         granularity "tensor".
     fmt, granularity: as given to :func:`quantize` (codes written with ``transpose`` are
-        dequantized with granularity "rows").
+        dequantized with granularity "rows"); typed codes (``quantize(..., typed=True)``) name
+        their format, and fmt may then be left out.
     dtype: "float32", the type the kernels compute in.
     out: a float32 array shaped like codes, on their device, to write the values into (it is
         returned); by default a new one.
@@ -500,7 +506,7 @@ def quantize_mx(
 def dequantize_mx(
     codes: Any,
     scales: Any,
-    fmt: FormatLike,
+    fmt: FormatLike | None = None,
     block: int = 32,
     dtype: Any = "float32",
     *,
@@ -516,7 +522,8 @@ def dequantize_mx(
 
     codes: codes of ``fmt`` (uint8; int8 for MXINT8), read as a matrix.
     scales: the E8M0 scale codes, uint8, contiguous, ``rows x ceil(N/block)`` elements.
-    fmt, block: as given to :func:`quantize_mx`.
+    fmt, block: as given to :func:`quantize_mx`; typed codes name their format, and fmt may
+        then be left out.
     dtype: "float32", the type the kernels compute in.
     out: a float32 array shaped like codes, on their device, to write the values into (it is
         returned); by default a new one.

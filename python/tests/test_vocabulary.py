@@ -342,9 +342,14 @@ def test_typed_codes_out_and_in():
     assert codes.dtype == ml_dtypes.float8_e5m2
     assert np.array_equal(lowbit.dequantize(codes, scales, "e5m2", "rows"),
                           lowbit.dequantize(codes.view(np.uint8), scales, "e5m2", "rows"))
+    assert np.array_equal(lowbit.dequantize(codes, scales, granularity="rows"),
+                          lowbit.dequantize(codes, scales, "e5m2", "rows"))
+    with pytest.raises(TypeError, match=r"^fmt: required for raw codes"):
+        lowbit.dequantize(codes.view(np.uint8), scales, granularity="rows")
     codes, scales = lowbit.quantize_mx(X, "e2m1fn", 2, typed=True)
     assert codes.dtype == ml_dtypes.float4_e2m1fn
-    assert lowbit.dequantize_mx(codes, scales, "e2m1fn", 2).shape == X.shape
+    assert np.array_equal(lowbit.dequantize_mx(codes, scales, block=2),
+                          lowbit.dequantize_mx(codes.view(np.uint8), scales, "e2m1fn", 2))
     assert lowbit.cast_scaled(X, 4.0, "e4m3fn", typed=True).dtype == ml_dtypes.float8_e4m3fn
     codes, _ = lowbit.quantize_delayed(X, np.zeros(2, F32), "e4m3fn", typed=True)
     assert codes.dtype == ml_dtypes.float8_e4m3fn
