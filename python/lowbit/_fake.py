@@ -53,9 +53,7 @@ def _target(fmt: Any) -> Any:
     except ValueError:
         if isinstance(fmt, str):
             try:
-                info = target_info(fmt)
-                # A TargetInfo; the tuple (name, code_dtype, max, is_int) before lowbit 0.2.
-                if (info.is_int if hasattr(info, "is_int") else info[3]):
+                if target_info(fmt).is_int:
                     return fmt
             except (TypeError, ValueError):
                 pass
@@ -63,9 +61,9 @@ def _target(fmt: Any) -> Any:
 
 
 def _dtype_of(x: Any) -> str:
-    dtype = getattr(x, "dtype", None)
     if isinstance(x, np.ndarray):
         return x.dtype.name
+    dtype = getattr(x, "dtype", None)
     if _interop.is_torch(x):
         return str(dtype).removeprefix("torch.")
     name = _interop._dtype_name(dtype)
