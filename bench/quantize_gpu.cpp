@@ -25,9 +25,9 @@ using kernels::dtype;
 
 struct buffers {
   std::int64_t n = std::int64_t{1} << 28;
-  void* x = nullptr;      // float32 input
-  void* codes = nullptr;  // 1 byte per element
-  void* out = nullptr;    // float32 output
+  void* x = nullptr;     // float32 input
+  void* codes = nullptr; // 1 byte per element
+  void* out = nullptr;   // float32 output
   void* scales = nullptr;
   buffers() {
     ok(cudaMalloc(&x, n * 4));
@@ -38,7 +38,8 @@ struct buffers {
     std::vector<float> h(static_cast<std::size_t>(n));
     std::mt19937 g(1);
     std::normal_distribution<float> d(0.0f, 2.0f);
-    for (auto& v : h) v = d(g);
+    for (auto& v : h)
+      v = d(g);
     ok(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice));
     ok(cudaMemset(scales, 0, n / 8 * 4));
     const float one = 1.0f;
@@ -70,8 +71,8 @@ void bm_copy(benchmark::State& state) {
     state.SetIterationTime(ms / 1e3);
   }
   copy_bytes_per_s = bytes * state.iterations() / (total_ms / 1e3);
-  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
 void bm_cast(benchmark::State& state, emu::format f, emu::policy p) {
@@ -113,8 +114,8 @@ kernels::tensor_view padded_rows(void* p, dtype t, std::int64_t rows, std::int64
 }
 
 // Quantization of an (rows x cols) float32 matrix: bytes = input + codes + scales, once each.
-void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g,
-                 std::int64_t cols, bool transpose, emu::policy p, std::int64_t pad = 0) {
+void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g, std::int64_t cols,
+                 bool transpose, emu::policy p, std::int64_t pad = 0) {
   auto& B = buf();
   const std::int64_t rows = B.n / (cols + pad), n = rows * cols;
   const std::int64_t ns = g.scale_rows(rows) * g.scale_cols(cols);
@@ -123,8 +124,7 @@ void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g
   const auto c = transpose ? dev_view(B.codes, t.code_dtype(), {cols, rows})
                            : padded_rows(B.codes, t.code_dtype(), rows, cols, pad);
   const auto s = dev_view(B.scales, dtype::float32, {ns});
-  timed(state, bytes,
-        [&] { kernels::quantize(x, c, s, t, g, p, {}, {2, 0}, transpose); });
+  timed(state, bytes, [&] { kernels::quantize(x, c, s, t, g, p, {}, {2, 0}, transpose); });
   add_ratio(state, bytes);
 }
 
@@ -156,13 +156,15 @@ void register_all() {
   reg("copy_d2d_f32", bm_copy);
   const auto sr = emu::stochastic(8, emu::overflow::saturate);
   reg("cast_f32_e4m3fn_rne_nonsat", [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne); });
-  reg("cast_f32_e4m3fn_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne_sat); });
+  reg("cast_f32_e4m3fn_rne_sat",
+      [](benchmark::State& s) { bm_cast(s, emu::e4m3fn, emu::rne_sat); });
   // e4m3 (IEEE-style) is not a compile-time format: the run-time format path, for comparison.
   reg("cast_f32_e4m3_runtime_format_rne_sat",
       [](benchmark::State& s) { bm_cast(s, emu::e4m3, emu::rne_sat); });
   reg("cast_f32_e5m2_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e5m2, emu::rne_sat); });
   reg("cast_f32_e4m3fn_stochastic8", [sr](benchmark::State& s) { bm_cast(s, emu::e4m3fn, sr); });
-  reg("cast_f32_e2m1fn_rne_sat", [](benchmark::State& s) { bm_cast(s, emu::e2m1fn, emu::rne_sat); });
+  reg("cast_f32_e2m1fn_rne_sat",
+      [](benchmark::State& s) { bm_cast(s, emu::e2m1fn, emu::rne_sat); });
   reg("cast_f32_e4m3fn_toward_zero", [](benchmark::State& s) {
     bm_cast(s, emu::e4m3fn, emu::policy{emu::rounding::toward_zero, emu::overflow::saturate});
   });
@@ -202,7 +204,7 @@ void register_all() {
       [](benchmark::State& s) { bm_dequantize(s, kernels::grouping::per_row(), 4096); });
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   if (!kernels::cuda_available()) {

@@ -171,10 +171,10 @@ codebook codebook::from_values(const float* v, std::int64_t n) {
                 ") lies outside [-1, 1]");
     // (An if, not require(): the message reads v[i - 1], which does not exist for i == 0.)
     if (i > 0 && !(v[i - 1] <= x))
-      throw error(errc::invalid_argument,
-                  "codebook: entries must be ascending, but entry " + std::to_string(i) + " (" +
-                      std::to_string(x) + ") is below entry " + std::to_string(i - 1) + " (" +
-                      std::to_string(v[i - 1]) + ")");
+      throw error(errc::invalid_argument, "codebook: entries must be ascending, but entry " +
+                                              std::to_string(i) + " (" + std::to_string(x) +
+                                              ") is below entry " + std::to_string(i - 1) + " (" +
+                                              std::to_string(v[i - 1]) + ")");
     cb.v_[static_cast<std::size_t>(i)] = x;
   }
   return cb;

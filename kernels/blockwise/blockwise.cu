@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../common/element_ops.hpp"
 #include "../common/cuda_map.cuh"
+#include "../common/element_ops.hpp"
 #include "../common/group_pass.cuh"
 #include "blockwise_internal.hpp"
 
@@ -49,8 +49,7 @@ enum class search { simple, buckets, stochastic };
 // reciprocal per block (ops::scaled_divisor for simple tables, with no branch per element: its
 // folded form, and the scaled one for the few blocks that are slow; ops::block_divisor
 // otherwise), the nearest entry through the bucket table.
-template <search S>
-struct codebook_rule {
+template <search S> struct codebook_rule {
   using scale_type = float;
   using divisor = std::conditional_t<S == search::simple, ops::scaled_divisor, ops::block_divisor>;
   struct group {
@@ -121,8 +120,7 @@ struct codebook_rule {
 // with nothing to copy or allocate first. to_shared() copies them into the thread block's shared
 // memory, builds the bucket table there (ops::bucket_entry, about four entries per thread of a
 // flat-kernel block, while its first tiles stream in), and returns the rule above.
-template <search S>
-struct codebook_params {
+template <search S> struct codebook_params {
   using scale_type = float;
   static constexpr int shared_bytes = blob_bytes;
   static constexpr int code_byte = codebook_rule<S>::code_byte;
@@ -136,7 +134,7 @@ struct codebook_params {
     auto* dst = reinterpret_cast<std::uint32_t*>(smem);
     for (int j = tid; j < static_cast<int>(sizeof(ops::tables) / 4); j += nt)
       dst[j] = src[j];
-    if constexpr (S != search::stochastic) {  // (stochastic rounding searches the entries)
+    if constexpr (S != search::stochastic) { // (stochastic rounding searches the entries)
       __syncthreads();
       const auto* t = reinterpret_cast<const ops::tables*>(smem);
       auto* buckets = reinterpret_cast<std::uint32_t*>(smem + tables_bytes);
@@ -176,9 +174,9 @@ void launch_quantize(const In* x, std::int64_t n, std::int64_t block, std::uint8
 struct dequant_op {
   static constexpr bool needs_position = false, needs_index = true;
   static constexpr int shared_floats = 512;
-  const float* cb;             // cb[0..255], cb2 at cb + 256 (nested)
-  const float* absmax;         // plain
-  const std::uint8_t* codes2;  // nested: a = cb2[codes2[b]] * absmax2[b / nested_block]
+  const float* cb;            // cb[0..255], cb2 at cb + 256 (nested)
+  const float* absmax;        // plain
+  const std::uint8_t* codes2; // nested: a = cb2[codes2[b]] * absmax2[b / nested_block]
   const float* absmax2;
   int block_log2;
   __device__ dequant_op to_shared(float* table) const {
@@ -188,7 +186,7 @@ struct dequant_op {
     o.cb = table;
     return o;
   }
-  struct block_op {  // the elements of one block
+  struct block_op { // the elements of one block
     const float* cb;
     float a;
     __device__ float operator()(std::uint8_t c, std::int64_t, std::int64_t, std::uint32_t) const {
@@ -197,12 +195,13 @@ struct dequant_op {
   };
   __device__ block_op at(std::int64_t i0) const {
     const std::int64_t b = i0 >> block_log2;
-    const float a = codes2 == nullptr
-                        ? __ldg(absmax + b)
-                        : ops::decode(cb[256 + __ldg(codes2 + b)], __ldg(absmax2 + b / nested_block));
+    const float a = codes2 == nullptr ? __ldg(absmax + b)
+                                      : ops::decode(cb[256 + __ldg(codes2 + b)],
+                                                    __ldg(absmax2 + b / nested_block));
     return {cb, a};
   }
-  __device__ float operator()(std::uint8_t c, std::int64_t i, std::int64_t r, std::uint32_t rb) const {
+  __device__ float operator()(std::uint8_t c, std::int64_t i, std::int64_t r,
+                              std::uint32_t rb) const {
     return at(i)(c, i, r, rb);
   }
 };
@@ -239,7 +238,8 @@ void dequantize_blockwise(const blockwise_dequant_problem& p, const exec& ex) {
   const cudaStream_t stream = stream_of(ex);
   scratch cbs(sizeof(float) * 512, stream);
   float* cb = cbs.as<float>();
-  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(cb, p.value, sizeof(float) * 256, cudaMemcpyHostToDevice, stream));
+  LOWBIT_CUDA_CHECK(
+      cudaMemcpyAsync(cb, p.value, sizeof(float) * 256, cudaMemcpyHostToDevice, stream));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(cb + 256, p.nested ? p.value2 : p.value, sizeof(float) * 256,
                                     cudaMemcpyHostToDevice, stream));
   int block_log2 = 0;

@@ -89,12 +89,13 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_index(const float* sum_hi, const f
 // (entries that crowd): both ends' indices, and a walk over the midpoints between them, with the
 // same exact comparison, ends where the binary search does. Either way the index is
 // nearest_index(t). The table is 16 KiB.
-inline constexpr std::uint32_t bucket_floor = 0x2F800000u;          // 2^-32
-inline constexpr std::uint32_t bucket_ceiling = 0x3F800000u;        // 1
-inline constexpr std::uint32_t buckets_per_sign = ((bucket_ceiling - bucket_floor) >> 17) + 1;  // 2049
+inline constexpr std::uint32_t bucket_floor = 0x2F800000u;   // 2^-32
+inline constexpr std::uint32_t bucket_ceiling = 0x3F800000u; // 1
+inline constexpr std::uint32_t buckets_per_sign =
+    ((bucket_ceiling - bucket_floor) >> 17) + 1; // 2049
 inline constexpr std::uint32_t bucket_count = 2 * buckets_per_sign;
 inline constexpr std::uint32_t bucket_never = 1u << 17;     // h: no step in the bucket
-inline constexpr std::uint32_t bucket_step_flag = 1u << 23;  // set in step entries
+inline constexpr std::uint32_t bucket_step_flag = 1u << 23; // set in step entries
 
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_step_entry(std::uint32_t index,
                                                                   std::uint32_t h) {
@@ -122,17 +123,18 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t bucket_of(float t) {
 // buckets interleave); and the entry's address from it (the low 17 bits cleared before the
 // clamp).
 inline constexpr std::uint32_t bucket_bias = bucket_floor >> 14;
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t sign_mask(std::uint32_t bits, std::uint32_t one = 1) {
-  return static_cast<std::uint32_t>(
-      (static_cast<std::int64_t>(static_cast<std::int32_t>(bits)) * static_cast<std::int32_t>(one)) >>
-      32);
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t sign_mask(std::uint32_t bits,
+                                                          std::uint32_t one = 1) {
+  return static_cast<std::uint32_t>((static_cast<std::int64_t>(static_cast<std::int32_t>(bits)) *
+                                     static_cast<std::int32_t>(one)) >>
+                                    32);
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t signed_base(std::uint32_t base, std::uint32_t mask,
-                                                             std::uint32_t minus_4 = ~3u) {
+                                                            std::uint32_t minus_4 = ~3u) {
   return base + mask * minus_4;
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t entry_address(std::uint32_t sbase,
-                                                               std::uint32_t bits) {
+                                                              std::uint32_t bits) {
   const std::uint32_t m = bits & 0x7FFE0000u;
   return sbase + ((m < bucket_floor ? bucket_floor : m) >> 14);
 }
@@ -171,7 +173,7 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
   const std::uint32_t i0 = index_of(first), i1 = index_of(bucket_last(u));
   if (i0 == i1)
     return bucket_step_entry(i0, bucket_never);
-  const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0;  // negative: reversed
+  const std::uint32_t lo = i0 < i1 ? i0 : i1, hi = i0 < i1 ? i1 : i0; // negative: reversed
   if (hi - lo > 1 || first == 0)
     return bucket_walk_entry(lo, hi);
   // Inside the bucket the index is lo + (t above midpoint lo): nearest_index counts the
@@ -179,11 +181,11 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
   // the index is i0 where that comparison says as much as it does at `first`: false for
   // positive t (i0 = lo), true for negative t.
   const float mid_hi = sum_hi[lo], mid_lo = sum_lo[lo];
-  const auto stays = [&](std::uint32_t low) {  // index_of(first | low) == i0
+  const auto stays = [&](std::uint32_t low) { // index_of(first | low) == i0
     const float t = bit_cast<float>(sign | first | low);
     return above(t + t, mid_hi, mid_lo) == (i0 > i1);
   };
-  std::uint32_t below = 0, at = 0x1FFFFu;  // stays(below), !stays(at)
+  std::uint32_t below = 0, at = 0x1FFFFu; // stays(below), !stays(at)
   while (at - below > 1) {
     const std::uint32_t mid = below + (at - below) / 2;
     (stays(mid) ? below : at) = mid;
@@ -194,9 +196,8 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
 
 // The index from a step entry e and t's bits, in bits 24-31 of the word (the kernels store that
 // byte) and in the low byte.
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t step_bucket_word(std::uint32_t e,
-                                                                 std::uint32_t bits,
-                                                                 std::uint32_t mask) {
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t
+step_bucket_word(std::uint32_t e, std::uint32_t bits, std::uint32_t mask) {
   return e + bucket_low(bits, mask);
 }
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t step_bucket_word(std::uint32_t e,
@@ -231,17 +232,19 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_in_bucket(std::uint32_t e, const f
 // only selects the kernels that also handle walks and tiny t exactly. Host code, called once per
 // quantize call (a few hundred operations).
 inline bool simple_buckets(const tables& tb) {
-  std::uint32_t run_first[2] = {}, run_last[2] = {};  // per sign, the last run (0: none yet)
+  std::uint32_t run_first[2] = {}, run_last[2] = {}; // per sign, the last run (0: none yet)
   for (int j = 0; j < 255; ++j) {
     const std::uint32_t mb = bit_cast<std::uint32_t>(tb.sum_hi[j] * 0.5f);
     const std::uint32_t mag = mb & 0x7FFFFFFFu, sign = mb & 0x80000000u;
-    if (mag <= 2u) return false;  // two ulps reach zero: bucket 0
+    if (mag <= 2u)
+      return false; // two ulps reach zero: bucket 0
     const std::uint32_t first = bucket_of(bit_cast<float>(sign | (mag - 2u)));
     const std::uint32_t last = bucket_of(bit_cast<float>(sign | (mag + 2u)));
     const int s = sign != 0 ? 1 : 0;
-    if (first < 2u) return false;
-    if (run_last[s] != 0 && (first > run_first[s] ? first : run_first[s]) <=
-                                (last < run_last[s] ? last : run_last[s]))
+    if (first < 2u)
+      return false;
+    if (run_last[s] != 0 &&
+        (first > run_first[s] ? first : run_first[s]) <= (last < run_last[s] ? last : run_last[s]))
       return false;
     run_first[s] = first;
     run_last[s] = last;
@@ -267,18 +270,18 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t nearest_by_buckets(const std::uint32_t* bu
 // `blockwise_codebook.block_divisor_equals_division` checks it against the division.
 struct block_divisor {
   float a, y;
-  std::uint32_t small_bits;  // nonzero |x| bits below this divide (0xFFFFFFFF: all of them)
+  std::uint32_t small_bits; // nonzero |x| bits below this divide (0xFFFFFFFF: all of them)
   LOWBIT_HD LOWBIT_INLINE static block_divisor make(float a) {
     const std::uint32_t ab = bit_cast<std::uint32_t>(a);
-    const bool fast = ab >= (27u << 23) && ab <= (227u << 23);  // 2^-100 <= a <= 2^100
+    const bool fast = ab >= (27u << 23) && ab <= (227u << 23); // 2^-100 <= a <= 2^100
     std::uint32_t small = 48u << 23;                           // 2^-79
-    if (ab >= (148u << 23))                                     // a >= 2^21: a * 2^-100 > 2^-79
+    if (ab >= (148u << 23))                                    // a >= 2^21: a * 2^-100 > 2^-79
       small = ab - (100u << 23);
     return {a, 1.0f / a, fast ? small : 0xFFFFFFFFu};
   }
   LOWBIT_HD LOWBIT_INLINE float operator()(float x) const {
     const std::uint32_t xb = bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
-    if (xb - 1u < small_bits - 1u)  // 0 < xb < small_bits in one comparison
+    if (xb - 1u < small_bits - 1u) // 0 < xb < small_bits in one comparison
       return x / a;
     const float q0 = x * y;
     const float q1 = fma_rn(fma_rn(-a, q0, x), y, q0);
@@ -317,11 +320,11 @@ struct block_divisor {
 // correction above (r ys = r' y for the scaled remainder r' = r s). So for |x / a| >= 2^-42 the
 // result is again the correctly rounded x / a; below, it is below 2^-40 in magnitude: a bucket 0.
 // The kernels take the folded form for the blocks where it holds and the scaled one for the
-// others; operator() chooses the same way. `blockwise_codebook.scaled_divisor_buckets_equal_division`
-// checks both.
+// others; operator() chooses the same way.
+// `blockwise_codebook.scaled_divisor_buckets_equal_division` checks both.
 struct scaled_divisor {
-  float s, a, y, y_lo;  // the scaled form: a = a s here
-  float a0, ys, ys_lo;  // the folded form: a, y s, y_lo s
+  float s, a, y, y_lo; // the scaled form: a = a s here
+  float a0, ys, ys_lo; // the folded form: a, y s, y_lo s
   bool folded;
   LOWBIT_HD LOWBIT_INLINE static scaled_divisor make(float a) {
     // s = 2^(127 - field) for a's exponent field (a > 0 finite): 2^127 for subnormal a (field 0),
@@ -329,7 +332,7 @@ struct scaled_divisor {
     const std::uint32_t field_bits = bit_cast<std::uint32_t>(a) & 0x7F800000u;
     const std::uint32_t s_bits = (254u << 23) - field_bits;
     const float s = bit_cast<float>(s_bits < 0x00400000u ? 0x00400000u : s_bits);
-    const float as = a * s;  // in [1, 2), or [2^-22, 1) for subnormal a
+    const float as = a * s; // in [1, 2), or [2^-22, 1) for subnormal a
     const float y = reciprocal(as);
     const float y_lo = block_divisor::fma_rn(-as, y, 1.0f) * y;
     const bool folded = field_bits >= (67u << 23) && field_bits <= (187u << 23);

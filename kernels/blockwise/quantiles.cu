@@ -19,9 +19,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "../common/element_ops.hpp"
 #include "../common/async_copy.cuh"
 #include "../common/cuda.hpp"
+#include "../common/element_ops.hpp"
 #include "blockwise_internal.hpp"
 #include "blockwise_ops.hpp"
 
@@ -41,19 +41,15 @@ static_assert(sort_threads % 32 == 0);
 // value 8, so the low 13 (16) bits of the float32 from element_ops::load are 0 (NaNs decode to the
 // quiet NaN), and order_key keeps or inverts them with the sign. Keys equal on the other bits are
 // then equal: 3 (2) radix passes instead of 4, the same sorted keys.
-template <class In>
-constexpr int key_skip_bits = 0;
-template <>
-constexpr int key_skip_bits<element_ops::f16_bits> = 13;
-template <>
-constexpr int key_skip_bits<element_ops::bf16_bits> = 16;
+template <class In> constexpr int key_skip_bits = 0;
+template <> constexpr int key_skip_bits<element_ops::f16_bits> = 13;
+template <> constexpr int key_skip_bits<element_ops::bf16_bits> = 16;
 
 // The sorted bits [skip, 32) split into the fewest passes of at most sort_max_bits, as evenly as
 // possible, wider passes first (float32: 8 8 8 8; float16: 7 6 6; bfloat16: 8 8): the ballots
 // per key equal the sorted bits however they are split, and the even split has the fewest digit
 // counters to clear and scan.
-template <int Skip>
-struct radix_plan {
+template <int Skip> struct radix_plan {
   static constexpr int total = 32 - Skip;
   static constexpr int passes = (total + sort_max_bits - 1) / sort_max_bits;
   static constexpr int bits(int p) { return total / passes + (p < total % passes ? 1 : 0); }
@@ -117,9 +113,9 @@ __device__ __forceinline__ void radix_sort(std::uint32_t (&keys)[sort_items], ra
                                            std::uint32_t* sorted, int first,
                                            std::integer_sequence<int, P...>) {
   using plan = radix_plan<Skip>;
-  ((P >= first ? radix_pass<plan::start(P), plan::bits(P), P + 1 == plan::passes>(keys, storage,
-                                                                                   sorted)
-               : void()),
+  ((P >= first
+        ? radix_pass<plan::start(P), plan::bits(P), P + 1 == plan::passes>(keys, storage, sorted)
+        : void()),
    ...);
 }
 
@@ -133,7 +129,7 @@ __device__ __forceinline__ void radix_sort(std::uint32_t (&keys)[sort_items], ra
 // (values crowded into a 2^-15 relative range) is sorted again in full. 16-bit inputs have few
 // low bits to drop; they sort in full.
 template <class In>
-constexpr int coarse_passes = std::is_same_v<In, float> ? 1 : 0;  // low passes left out
+constexpr int coarse_passes = std::is_same_v<In, float> ? 1 : 0; // low passes left out
 constexpr int coarse_run_limit = 64;
 
 // The first index in [a, b) whose key, shifted right by `shift`, is not below c (`strict`: above
@@ -143,8 +139,10 @@ __device__ __forceinline__ int run_bound(const std::uint32_t* sorted, int a, int
   while (a < b) {
     const int mid = (a + b) / 2;
     const std::uint32_t v = sorted[mid] >> shift;
-    if (v < c || (strict && v == c)) a = mid + 1;
-    else b = mid;
+    if (v < c || (strict && v == c))
+      a = mid + 1;
+    else
+      b = mid;
   }
   return a;
 }
@@ -157,9 +155,12 @@ __device__ __forceinline__ void tied_run(const std::uint32_t* sorted, int pos, i
   constexpr int scan = 4;
   lo = pos;
   hi = pos + 1;
-  while (lo > 0 && pos - lo < scan && (sorted[lo - 1] >> shift) == c) --lo;
-  if (lo > 0 && (sorted[lo - 1] >> shift) == c) lo = run_bound(sorted, 0, lo, shift, c, false);
-  while (hi < quantile_chunk && hi - pos <= scan && (sorted[hi] >> shift) == c) ++hi;
+  while (lo > 0 && pos - lo < scan && (sorted[lo - 1] >> shift) == c)
+    --lo;
+  if (lo > 0 && (sorted[lo - 1] >> shift) == c)
+    lo = run_bound(sorted, 0, lo, shift, c, false);
+  while (hi < quantile_chunk && hi - pos <= scan && (sorted[hi] >> shift) == c)
+    ++hi;
   if (hi < quantile_chunk && (sorted[hi] >> shift) == c)
     hi = run_bound(sorted, hi, quantile_chunk, shift, c, true);
 }
@@ -174,9 +175,10 @@ __device__ __forceinline__ std::uint32_t rank_in_run(const std::uint32_t* sorted
       below += sorted[b] < e;
       upto += sorted[b] <= e;
     }
-    if (below <= r && r < upto) return e;
+    if (below <= r && r < upto)
+      return e;
   }
-  return sorted[lo + r];  // not reached: some key of the run has rank r
+  return sorted[lo + r]; // not reached: some key of the run has rank r
 }
 
 // Whether no neighbours in (lo, hi) differ, by the mask of mixed ties (bit p: sorted[p] ties
@@ -205,14 +207,14 @@ __global__ void __launch_bounds__(sort_threads, 4)
   // on the sorted bits, so the m real keys fill positions 0..m-1 (the only ones read).
   constexpr std::uint32_t padding = 0xFFFFFFFFu << skip;
   using plan = radix_plan<skip>;
-  constexpr int coarse = plan::start(coarse_passes<In>);  // the bits a coarse sort orders on
-  __shared__ std::uint32_t mixed[quantile_chunk / 32];  // bit p: sorted[p] ties sorted[p - 1]
-                                                        // on those bits, and differs
+  constexpr int coarse = plan::start(coarse_passes<In>); // the bits a coarse sort orders on
+  __shared__ std::uint32_t mixed[quantile_chunk / 32];   // bit p: sorted[p] ties sorted[p - 1]
+                                                         // on those bits, and differs
   // The block's next full chunk, copied while this one sorts (16-byte pieces; each thread reads
   // back only the pieces it copied, so no barrier is needed). Chunks hold their keys in any
   // arrangement: the sort's result does not depend on it.
   constexpr int per_piece = 16 / static_cast<int>(sizeof(In));
-  constexpr int pieces = sort_items / per_piece;  // per thread
+  constexpr int pieces = sort_items / per_piece; // per thread
   __shared__ __align__(16) vec<In, per_piece> ahead[sort_threads * pieces];
   const bool aligned = reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
   const auto prefetched = [&](std::int64_t c) {
@@ -223,18 +225,19 @@ __global__ void __launch_bounds__(sort_threads, 4)
       const auto* src = reinterpret_cast<const vec<In, per_piece>*>(x + c * quantile_chunk);
 #pragma unroll
       for (int p = 0; p < pieces; ++p)
-        copy_async<16>(&ahead[p * sort_threads + threadIdx.x], src + p * sort_threads + threadIdx.x);
+        copy_async<16>(&ahead[p * sort_threads + threadIdx.x],
+                       src + p * sort_threads + threadIdx.x);
     }
     copy_commit();
   };
   prefetch(blockIdx.x);
   for (std::int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int m = static_cast<int>(min(n - c * quantile_chunk, quantile_chunk));  // values here
+    const int m = static_cast<int>(min(n - c * quantile_chunk, quantile_chunk)); // values here
     // A coarse sort first where the type has one; the full sort after a mixed run too long to
     // resolve (one sort in the code, so that its registers serve both).
     for (int first = coarse_passes<In>;; first = 0) {
       std::uint32_t keys[sort_items];
-      if (first == coarse_passes<In> && prefetched(c)) {  // this chunk's copy, then the next's
+      if (first == coarse_passes<In> && prefetched(c)) { // this chunk's copy, then the next's
         copy_wait(0);
 #pragma unroll
         for (int p = 0; p < pieces; ++p) {
@@ -246,7 +249,8 @@ __global__ void __launch_bounds__(sort_threads, 4)
         }
         prefetch(c + gridDim.x);
       } else {
-        if (first == coarse_passes<In>) prefetch(c + gridDim.x);
+        if (first == coarse_passes<In>)
+          prefetch(c + gridDim.x);
 #pragma unroll
         for (int j = 0; j < sort_items; ++j) {
           const std::int64_t pos = static_cast<std::int64_t>(j) * sort_threads + threadIdx.x;
@@ -261,8 +265,8 @@ __global__ void __launch_bounds__(sort_threads, 4)
                        std::make_integer_sequence<int, plan::passes>{});
       if (first == 0) {
         for (std::int64_t q = threadIdx.x; q < k; q += sort_threads)
-          part[c * k + q] = emu::detail::bit_cast<float>(
-              ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
+          part[c * k + q] =
+              emu::detail::bit_cast<float>(ops::key_bits(sorted[ops::quantile_position(q, k, m)]));
         break;
       }
       // Runs of up to short_run keys (nearly all of them) by counting, at once; longer ones
@@ -281,22 +285,24 @@ __global__ void __launch_bounds__(sort_threads, 4)
         else
           long_run = true;
       }
-      if (__syncthreads_or(long_run)) {  // block-uniform
+      if (__syncthreads_or(long_run)) { // block-uniform
         const unsigned lane = threadIdx.x % 32;
 #pragma unroll
-        for (int j = 0; j < sort_items; ++j) {  // consecutive positions per warp: a word a ballot
+        for (int j = 0; j < sort_items; ++j) { // consecutive positions per warp: a word a ballot
           const int p = j * sort_threads + static_cast<int>(threadIdx.x);
           const bool mix = p > 0 && (sorted[p] >> coarse) == (sorted[p - 1] >> coarse) &&
                            sorted[p] != sorted[p - 1];
           const std::uint32_t word = __ballot_sync(0xFFFFFFFFu, mix);
-          if (lane == 0) mixed[p >> 5] = word;
+          if (lane == 0)
+            mixed[p >> 5] = word;
         }
         __syncthreads();
         for (std::int64_t q = threadIdx.x; q < k; q += sort_threads) {
           const int pos = static_cast<int>(ops::quantile_position(q, k, m));
           int lo, hi;
           tied_run(sorted, pos, coarse, lo, hi);
-          if (hi - lo <= short_run) continue;
+          if (hi - lo <= short_run)
+            continue;
           if (pure_run(mixed, lo, hi))
             write(q, sorted[pos]);
           else if (hi - lo <= coarse_run_limit)
@@ -306,7 +312,8 @@ __global__ void __launch_bounds__(sort_threads, 4)
         }
       }
       // Block-uniform; every read of sorted[] and mixed[] is done past this barrier.
-      if (!__syncthreads_or(unresolved)) break;
+      if (!__syncthreads_or(unresolved))
+        break;
     }
   }
 }

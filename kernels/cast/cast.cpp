@@ -21,7 +21,8 @@ void cast(const tensor_view& x, const tensor_view& out, const emu::format& fmt,
   require_dtype(out, "out", {code_dtype(fmt)});
   require_same_shape(x, "x", out, "out");
   require_same_device(x, "x", out, "out");
-  if (x.numel() == 0) return;
+  if (x.numel() == 0)
+    return;
   if (x.dev.type == device_type::cuda) {
     require_device_memory({&x, &out}, {"x", "out"});
     return cuda::cast(x, out, fmt, pol, rng, ex);
@@ -41,7 +42,8 @@ void decode(const tensor_view& codes, const tensor_view& out, const emu::format&
     require_dtype(out, "out", {dtype::float64});
   require_same_shape(codes, "codes", out, "out");
   require_same_device(codes, "codes", out, "out");
-  if (codes.numel() == 0) return;
+  if (codes.numel() == 0)
+    return;
   if (codes.dev.type == device_type::cuda) {
     require_device_memory({&codes, &out}, {"codes", "out"});
     return cuda::decode(codes, out, fmt, ex);
@@ -49,4 +51,4 @@ void decode(const tensor_view& codes, const tensor_view& out, const emu::format&
   cpu::decode(codes, out, fmt, ex);
 }
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

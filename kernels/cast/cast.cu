@@ -10,8 +10,7 @@ namespace lowbit::kernels::cuda {
 
 namespace {
 
-template <class FT, class PT, class Code>
-struct cast_op {
+template <class FT, class PT, class Code> struct cast_op {
   static constexpr bool needs_position = false;
   FT ft;
   PT pt;
@@ -21,8 +20,7 @@ struct cast_op {
   }
 };
 
-template <class FT, class T>
-struct decode_op {
+template <class FT, class T> struct decode_op {
   static constexpr bool needs_position = false;
   FT ft;
   template <class Code>
@@ -31,18 +29,19 @@ struct decode_op {
   }
 };
 
-template <class Code, class FT>
-void with_code(FT, dtype t, auto&& fn) {
+template <class Code, class FT> void with_code(FT, dtype t, auto&& fn) {
   if constexpr (std::is_same_v<FT, detail::runtime_format>) {
-    if (t == dtype::uint8) return fn(std::uint8_t{});
-    if (t == dtype::uint16) return fn(std::uint16_t{});
+    if (t == dtype::uint8)
+      return fn(std::uint8_t{});
+    if (t == dtype::uint16)
+      return fn(std::uint16_t{});
     return fn(std::uint32_t{});
   } else {
     return fn(emu::detail::code_storage<FT::get().bits()>{});
   }
 }
 
-}  // namespace
+} // namespace
 
 void cast(const tensor_view& in, const tensor_view& out, const emu::format& fmt,
           const emu::policy& pol, const emu::random_stream& rng, const exec& ex) {
@@ -81,4 +80,4 @@ void decode(const tensor_view& codes, const tensor_view& out, const emu::format&
   });
 }
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

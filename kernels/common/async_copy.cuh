@@ -44,8 +44,7 @@ __device__ __forceinline__ void copy_async(std::uint32_t dst, const void* gmem) 
   }
 #endif
 }
-template <int Bytes>
-__device__ __forceinline__ void copy_async(void* smem, const void* gmem) {
+template <int Bytes> __device__ __forceinline__ void copy_async(void* smem, const void* gmem) {
   copy_async<Bytes>(shared_address(smem), gmem);
 }
 __device__ __forceinline__ void copy_commit() {
@@ -57,14 +56,14 @@ __device__ __forceinline__ void copy_commit() {
 __device__ __forceinline__ void copy_wait(int pending) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+  case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+  case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+  case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+  default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
   }
 #else
   (void)pending;
 #endif
 }
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

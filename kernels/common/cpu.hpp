@@ -23,7 +23,8 @@ inline int thread_count(int requested, std::int64_t n, std::int64_t grain = 1 <<
 // Calls fn(begin, end) over [0, n) split across `threads` threads; rethrows the first exception.
 template <class Fn>
 void parallel_for(std::int64_t n, int threads, Fn&& fn, std::int64_t grain = 1 << 16) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   const int t = thread_count(threads, n, grain);
   if (t <= 1) {
     fn(std::int64_t{0}, n);
@@ -34,7 +35,8 @@ void parallel_for(std::int64_t n, int threads, Fn&& fn, std::int64_t grain = 1 <
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(t));
   for (int k = 0; k < t; ++k) {
     const std::int64_t b = k * chunk, e = std::min(n, b + chunk);
-    if (b >= e) break;
+    if (b >= e)
+      break;
     pool.emplace_back([&, k, b, e] {
       try {
         fn(b, e);
@@ -43,15 +45,17 @@ void parallel_for(std::int64_t n, int threads, Fn&& fn, std::int64_t grain = 1 <
       }
     });
   }
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
   for (auto& ex : errors)
-    if (ex) std::rethrow_exception(ex);
+    if (ex)
+      std::rethrow_exception(ex);
 }
 
 // Walks the elements of a view in row-major logical order from a starting index, yielding the
 // element offset (in elements) of each.
 class cursor {
- public:
+public:
   cursor(const tensor_view& v, std::int64_t start) : v_(v) {
     std::int64_t rest = start;
     for (int k = v.ndim - 1; k >= 0; --k) {
@@ -65,13 +69,14 @@ class cursor {
   void next() {
     for (int k = v_.ndim - 1; k >= 0; --k) {
       offset_ += v_.strides[k];
-      if (++idx_[k] < v_.shape[k]) return;
+      if (++idx_[k] < v_.shape[k])
+        return;
       offset_ -= idx_[k] * v_.strides[k];
       idx_[k] = 0;
     }
   }
 
- private:
+private:
   const tensor_view& v_;
   std::int64_t idx_[max_dims] = {};
   std::int64_t offset_ = 0;
@@ -82,7 +87,8 @@ template <class Fn>
 void for_each_pair(const tensor_view& a, const tensor_view& b, std::int64_t begin, std::int64_t end,
                    Fn&& fn) {
   cursor ca(a, begin), cb(b, begin);
-  for (std::int64_t i = begin; i < end; ++i, ca.next(), cb.next()) fn(i, ca.offset(), cb.offset());
+  for (std::int64_t i = begin; i < end; ++i, ca.next(), cb.next())
+    fn(i, ca.offset(), cb.offset());
 }
 
-}  // namespace lowbit::kernels::cpu
+} // namespace lowbit::kernels::cpu

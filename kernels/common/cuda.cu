@@ -9,39 +9,47 @@ namespace lowbit::kernels {
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device" error for later calls
+    cudaGetLastError(); // clear the sticky "no device" error for later calls
     return 0;
   }
   return n;
 }
 
-bool cuda_available() { return cuda_device_count() > 0; }
+bool cuda_available() {
+  return cuda_device_count() > 0;
+}
 
 namespace cuda {
 
 namespace {
 // Attribute A of the current device, asked once per device.
-template <cudaDeviceAttr A>
-int cached_attribute() {
+template <cudaDeviceAttr A> int cached_attribute() {
   return once_per_device([](int dev) {
     int n = 0;
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n, A, dev));
     return n;
   });
 }
-}  // namespace
+} // namespace
 
-int sm_count() { return cached_attribute<cudaDevAttrMultiProcessorCount>(); }
-int max_shared_per_block() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
-int max_shared_per_sm() { return cached_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(); }
+int sm_count() {
+  return cached_attribute<cudaDevAttrMultiProcessorCount>();
+}
+int max_shared_per_block() {
+  return cached_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+}
+int max_shared_per_sm() {
+  return cached_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
+}
 
 cudaMemPool_t scratch_pool() {
   static std::mutex mu;
-  static std::vector<cudaMemPool_t> pools;  // per device; never destroyed (process lifetime)
+  static std::vector<cudaMemPool_t> pools; // per device; never destroyed (process lifetime)
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<int>(pools.size()) <= dev) pools.resize(static_cast<std::size_t>(dev) + 1, nullptr);
+  if (static_cast<int>(pools.size()) <= dev)
+    pools.resize(static_cast<std::size_t>(dev) + 1, nullptr);
   cudaMemPool_t& pool = pools[static_cast<std::size_t>(dev)];
   if (pool == nullptr) {
     int supported = 0;
@@ -62,14 +70,15 @@ cudaMemPool_t scratch_pool() {
 }
 
 void require_device_memory(const tensor_view& v, const char* arg) {
-  if (v.numel() == 0) return;
+  if (v.numel() == 0)
+    return;
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, v.data);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    throw error(errc::invalid_argument,
-                std::string(arg) + ": the pointer is not known to CUDA (" +
-                    cudaGetErrorString(err) + "); pass device memory for a cuda view");
+    throw error(errc::invalid_argument, std::string(arg) + ": the pointer is not known to CUDA (" +
+                                            cudaGetErrorString(err) +
+                                            "); pass device memory for a cuda view");
   }
   require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
           errc::invalid_argument,
@@ -82,12 +91,13 @@ void require_device_memory(const tensor_view& v, const char* arg) {
               " (view says cuda:" + std::to_string(v.dev.index) + ")");
 }
 
-}  // namespace cuda
+} // namespace cuda
 
 void require_device_memory(std::initializer_list<const tensor_view*> views,
                            std::initializer_list<const char*> names) {
   auto name = names.begin();
-  for (const tensor_view* v : views) cuda::require_device_memory(*v, *name++);
+  for (const tensor_view* v : views)
+    cuda::require_device_memory(*v, *name++);
 }
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -1,5 +1,6 @@
 // CUDA helpers shared by every kernel: error checks that throw lowbit::error, stream-ordered
-// scratch memory, the launch geometry, device-pointer validation, and aligned vector types for 16-byte memory access.
+// scratch memory, the launch geometry, device-pointer validation, and aligned vector types for
+// 16-byte memory access.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,19 +13,20 @@
 #include <lowbit/emu/error.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
-#define LOWBIT_CUDA_CHECK(expr)                                                   \
-  ::lowbit::kernels::cuda::check((expr), #expr, __FILE__, __LINE__)
+#define LOWBIT_CUDA_CHECK(expr) ::lowbit::kernels::cuda::check((expr), #expr, __FILE__, __LINE__)
 
 namespace lowbit::kernels::cuda {
 
 inline void check(cudaError_t err, const char* what, const char* file, int line) {
   if (err != cudaSuccess)
     throw error(errc::device, std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
-                                  cudaGetErrorString(err) + ") in " + what + " at " + file +
-                                  ":" + std::to_string(line));
+                                  cudaGetErrorString(err) + ") in " + what + " at " + file + ":" +
+                                  std::to_string(line));
 }
 
-inline cudaStream_t stream_of(const exec& ex) { return static_cast<cudaStream_t>(ex.stream); }
+inline cudaStream_t stream_of(const exec& ex) {
+  return static_cast<cudaStream_t>(ex.stream);
+}
 
 // The stream-ordered memory pool of lowbit's scratch memory on the current device: lowbit's own
 // pool, which keeps up to 256 MiB mapped between calls (the default pool returns its memory at
@@ -34,19 +36,16 @@ cudaMemPool_t scratch_pool();
 
 // Stream-ordered scratch memory for the duration of one host call.
 class scratch {
- public:
+public:
   scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
     LOWBIT_CUDA_CHECK(cudaMallocFromPoolAsync(&p_, bytes < 4 ? 4 : bytes, scratch_pool(), s));
   }
   ~scratch() { cudaFreeAsync(p_, stream_); }
   scratch(const scratch&) = delete;
   scratch& operator=(const scratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
+  template <class T> T* as() const { return static_cast<T*>(p_); }
 
- private:
+private:
   void* p_ = nullptr;
   cudaStream_t stream_;
 };
@@ -54,18 +53,19 @@ class scratch {
 // A positive value of the current device, computed once per device by compute(device) and
 // kept per call site (each lambda type has its own cache); lock-free: two threads may both
 // compute it, with the same result. Devices past the 64th are not cached.
-template <class Compute>
-int once_per_device(Compute compute) {
+template <class Compute> int once_per_device(Compute compute) {
   constexpr int max_devices = 64;
-  static std::atomic<int> known[max_devices] = {};  // 0: not computed yet
+  static std::atomic<int> known[max_devices] = {}; // 0: not computed yet
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < max_devices) {
     const int k = known[dev].load(std::memory_order_relaxed);
-    if (k > 0) return k;
+    if (k > 0)
+      return k;
   }
   const int v = compute(dev);
-  if (dev < max_devices) known[dev].store(v, std::memory_order_relaxed);
+  if (dev < max_devices)
+    known[dev].store(v, std::memory_order_relaxed);
   return v;
 }
 
@@ -110,14 +110,10 @@ inline void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel, __FILE__, __LINE__);
 }
 
-template <class T, int N>
-struct alignas(sizeof(T) * N) vec {
-  T v[N];
-};
+template <class T, int N> struct alignas(sizeof(T) * N) vec { T v[N]; };
 
-template <class T>
-inline bool aligned_to(const void* p, std::size_t bytes) {
+template <class T> inline bool aligned_to(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

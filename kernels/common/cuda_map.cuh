@@ -21,23 +21,25 @@ constexpr int map_threads = 256;
 // 0 as the column): cheaper than (row, col) when the op only needs i.
 template <class Op>
 inline constexpr bool wants_index = [] {
-  if constexpr (requires { Op::needs_index; }) return Op::needs_index;
-  else return false;
+  if constexpr (requires { Op::needs_index; })
+    return Op::needs_index;
+  else
+    return false;
 }();
 
 // An op with `static constexpr int shared_floats` gets that many floats of shared memory
 // through `to_shared(p)` (called by every thread, which does its share: copies a table read at
 // data-dependent positions, or reduces values the block needs; a barrier follows); and an op
 // may then load per-kernel values once per thread: prepare().
-template <class Op>
-__device__ __forceinline__ Op prepared(const Op& op_in) {
+template <class Op> __device__ __forceinline__ Op prepared(const Op& op_in) {
   Op op = op_in;
   if constexpr (requires { Op::shared_floats; }) {
     __shared__ float table[Op::shared_floats];
     op = op.to_shared(table);
     __syncthreads();
   }
-  if constexpr (requires { op.prepare(); }) op = op.prepare();
+  if constexpr (requires { op.prepare(); })
+    op = op.prepare();
   return op;
 }
 
@@ -46,21 +48,22 @@ __device__ __forceinline__ Op prepared(const Op& op_in) {
 // are given to (called once per chunk, and once per element in the last, partial tile).
 template <class Op>
 __device__ __forceinline__ decltype(auto) for_chunk(const Op& op, std::int64_t i0) {
-  if constexpr (requires { op.at(i0); }) return op.at(i0);
-  else return (op);
+  if constexpr (requires { op.at(i0); })
+    return op.at(i0);
+  else
+    return (op);
 }
 
 // The flat map's access pattern: each thread moves chunks of C elements (a 16-byte access on the
-// narrower side, C consecutive elements on the wider one; at least 4 elements) and U chunks per tile, the u-th chunk of
-// thread t at tile offset (u * map_threads + t) * C. Every warp-wide load and store then covers one
-// contiguous span (no 16-byte pieces strided across a 2 KiB window, which costs L1 wavefronts),
-// and the U independent loads in flight per thread hide DRAM latency.
-template <class In, class Out>
-struct flat_shape {
+// narrower side, C consecutive elements on the wider one; at least 4 elements) and U chunks per
+// tile, the u-th chunk of thread t at tile offset (u * map_threads + t) * C. Every warp-wide load
+// and store then covers one contiguous span (no 16-byte pieces strided across a 2 KiB window, which
+// costs L1 wavefronts), and the U independent loads in flight per thread hide DRAM latency.
+template <class In, class Out> struct flat_shape {
   static constexpr int in_w = 16 / static_cast<int>(sizeof(In));
   static constexpr int out_w = 16 / static_cast<int>(sizeof(Out));
   static constexpr int narrow = in_w < out_w ? in_w : out_w;
-  static constexpr int C = narrow < 4 ? 4 : narrow;  // doubles: two 16-byte accesses per chunk
+  static constexpr int C = narrow < 4 ? 4 : narrow; // doubles: two 16-byte accesses per chunk
   static constexpr int ratio = (in_w > out_w ? in_w : out_w) / C;
   // Byte inputs move few bytes per load: twice the chunks, so that as many bytes are in flight.
   static constexpr int U = ratio < 2 ? 2 : (sizeof(In) == 1 ? 2 * ratio : ratio);
@@ -82,18 +85,19 @@ __global__ void __launch_bounds__(map_threads)
       vec<In, C> x[U];
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        x[u] = *reinterpret_cast<const vec<In, C>*>(in + base +
-                                                    (u * map_threads + threadIdx.x) * C);
+        x[u] =
+            *reinterpret_cast<const vec<In, C>*>(in + base + (u * map_threads + threadIdx.x) * C);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const std::int64_t i = base + (u * map_threads + threadIdx.x) * C;  // a multiple of 4
+        const std::int64_t i = base + (u * map_threads + threadIdx.x) * C; // a multiple of 4
         std::uint32_t r[C] = {};
         if (stochastic) {
 #pragma unroll
           for (int h = 0; h < C; h += 4) {
             const emu::philox_block b = rng.block(static_cast<std::uint64_t>(i + h) >> 2);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) r[h + k] = b.v[k];
+            for (int k = 0; k < 4; ++k)
+              r[h + k] = b.v[k];
           }
         }
         std::int64_t rr = Op::needs_position ? i / cols : 0;
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(map_threads)
         for (int j = 0; j < C; ++j) {
           y.v[j] = cop(x[u].v[j], wants_index<Op> ? i + j : rr, cc, r[j]);
           if constexpr (Op::needs_position) {
-            if (++cc == cols) {  // a chunk may straddle rows
+            if (++cc == cols) { // a chunk may straddle rows
               cc = 0;
               ++rr;
             }
@@ -147,11 +151,12 @@ __global__ void __launch_bounds__(map_threads)
 // Runs `op` over the matrix: the vectorized flat kernel when both sides are contiguous and
 // aligned, otherwise the 2-D kernel. Results do not depend on which one runs.
 template <class In, class Out, class Op>
-void launch_map(const In* in, std::int64_t in_rs, Out* out, std::int64_t out_rs,
-                std::int64_t rows, std::int64_t cols, const Op& op, bool stochastic,
-                const emu::random_stream& rng, cudaStream_t stream) {
+void launch_map(const In* in, std::int64_t in_rs, Out* out, std::int64_t out_rs, std::int64_t rows,
+                std::int64_t cols, const Op& op, bool stochastic, const emu::random_stream& rng,
+                cudaStream_t stream) {
   const std::int64_t n = rows * cols;
-  if (n == 0) return;
+  if (n == 0)
+    return;
   using shape = flat_shape<In, Out>;
   constexpr int C = shape::C, U = shape::U;
   const bool flat = (rows == 1 || (in_rs == cols && out_rs == cols));
@@ -172,8 +177,8 @@ void launch_map(const In* in, std::int64_t in_rs, Out* out, std::int64_t out_rs,
   const std::int64_t gy_want = (static_cast<std::int64_t>(sm_count()) * 8 + gx - 1) / gx;
   const unsigned gy = static_cast<unsigned>(gy_want < rows ? (gy_want < 65535 ? gy_want : 65535)
                                                            : (rows < 65535 ? rows : 65535));
-  map_2d_kernel<<<dim3(gx, gy < 1 ? 1 : gy), map_threads, 0, stream>>>(
-      in, in_rs, out, out_rs, rows, cols, op, stochastic, rng);
+  map_2d_kernel<<<dim3(gx, gy < 1 ? 1 : gy), map_threads, 0, stream>>>(in, in_rs, out, out_rs, rows,
+                                                                       cols, op, stochastic, rng);
   check_launch("map_2d_kernel");
 }
 
@@ -193,11 +198,12 @@ __device__ __forceinline__ std::uint32_t block_max(std::uint32_t v) {
   __shared__ std::uint32_t part[32];
   v = warp_max(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // part[] may still be read by an earlier call
-  if (lane == 0) part[warp] = v;
+  __syncthreads(); // part[] may still be read by an earlier call
+  if (lane == 0)
+    part[warp] = v;
   __syncthreads();
   v = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0u;
   return warp_max(v);
 }
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

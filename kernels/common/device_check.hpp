@@ -13,4 +13,4 @@ namespace lowbit::kernels {
 void require_device_memory(std::initializer_list<const tensor_view*> views,
                            std::initializer_list<const char*> names);
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -14,8 +14,7 @@
 
 namespace lowbit::kernels::detail {
 
-template <emu::format F>
-struct fixed_format {
+template <emu::format F> struct fixed_format {
   static constexpr bool fixed = true;
   LOWBIT_HD static constexpr emu::format get() { return F; }
 };
@@ -45,10 +44,11 @@ inline runtime_format runtime_format_of(const emu::target& t) {
 // A format to a tag for the GPU kernels: e4m3fn and e5m2 (the hot fp8 formats) become
 // compile-time constants, every other format a run-time value (the CPU twins use
 // dispatch_format, which fixes every named format).
-template <class Fn>
-decltype(auto) dispatch_hot_format(const emu::format& f, Fn&& fn) {
-  if (f == emu::e4m3fn) return fn(fixed_format<emu::e4m3fn>{});
-  if (f == emu::e5m2) return fn(fixed_format<emu::e5m2>{});
+template <class Fn> decltype(auto) dispatch_hot_format(const emu::format& f, Fn&& fn) {
+  if (f == emu::e4m3fn)
+    return fn(fixed_format<emu::e4m3fn>{});
+  if (f == emu::e5m2)
+    return fn(fixed_format<emu::e5m2>{});
   return fn(runtime_format{f});
 }
 
@@ -84,23 +84,36 @@ template <class In, class Fn> decltype(auto) dispatch_target_for(const emu::targ
 }
 
 // Named formats become compile-time tags (CPU twins; the GPU kernels use dispatch_target).
-template <class Fn>
-decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
+template <class Fn> decltype(auto) dispatch_format(const emu::format& f, Fn&& fn) {
   using namespace emu;
-  if (f == e4m3fn) return fn(fixed_format<e4m3fn>{});
-  if (f == e5m2) return fn(fixed_format<e5m2>{});
-  if (f == e4m3fnuz) return fn(fixed_format<e4m3fnuz>{});
-  if (f == e5m2fnuz) return fn(fixed_format<e5m2fnuz>{});
-  if (f == e8m0fnu) return fn(fixed_format<e8m0fnu>{});
-  if (f == e3m2fn) return fn(fixed_format<e3m2fn>{});
-  if (f == e2m3fn) return fn(fixed_format<e2m3fn>{});
-  if (f == e2m1fn) return fn(fixed_format<e2m1fn>{});
-  if (f == float16) return fn(fixed_format<float16>{});
-  if (f == bfloat16) return fn(fixed_format<bfloat16>{});
-  if (f == e4m3) return fn(fixed_format<e4m3>{});
-  if (f == e3m4) return fn(fixed_format<e3m4>{});
-  if (f == e4m3b11fnuz) return fn(fixed_format<e4m3b11fnuz>{});
-  if (f == tfloat32) return fn(fixed_format<tfloat32>{});
+  if (f == e4m3fn)
+    return fn(fixed_format<e4m3fn>{});
+  if (f == e5m2)
+    return fn(fixed_format<e5m2>{});
+  if (f == e4m3fnuz)
+    return fn(fixed_format<e4m3fnuz>{});
+  if (f == e5m2fnuz)
+    return fn(fixed_format<e5m2fnuz>{});
+  if (f == e8m0fnu)
+    return fn(fixed_format<e8m0fnu>{});
+  if (f == e3m2fn)
+    return fn(fixed_format<e3m2fn>{});
+  if (f == e2m3fn)
+    return fn(fixed_format<e2m3fn>{});
+  if (f == e2m1fn)
+    return fn(fixed_format<e2m1fn>{});
+  if (f == float16)
+    return fn(fixed_format<float16>{});
+  if (f == bfloat16)
+    return fn(fixed_format<bfloat16>{});
+  if (f == e4m3)
+    return fn(fixed_format<e4m3>{});
+  if (f == e3m4)
+    return fn(fixed_format<e3m4>{});
+  if (f == e4m3b11fnuz)
+    return fn(fixed_format<e4m3b11fnuz>{});
+  if (f == tfloat32)
+    return fn(fixed_format<tfloat32>{});
   return fn(runtime_format{f});
 }
 
@@ -118,8 +131,7 @@ struct runtime_policy {
 // The hot policy: rounding R, subnormals kept and NaN signs preserved are constants (the
 // encoder then needs no select for them); overflow stays run-time (a min with a uniform bound).
 // dispatch_policy hands other policies to runtime_policy.
-template <emu::rounding R>
-struct fixed_rounding {
+template <emu::rounding R> struct fixed_rounding {
   static constexpr bool fixed = true;
   static constexpr emu::rounding mode = R;
   emu::policy p;
@@ -131,8 +143,7 @@ struct fixed_rounding {
 
 // Nearest-even, the hot mode, is a constant; the other modes run with a run-time policy (and an
 // out-of-line converter on the GPU), which keeps build times and kernel sizes small.
-template <class Fn>
-decltype(auto) dispatch_policy(const emu::policy& p, Fn&& fn) {
+template <class Fn> decltype(auto) dispatch_policy(const emu::policy& p, Fn&& fn) {
   if (p.round == emu::rounding::nearest_even && p.sub == emu::subnormals::keep &&
       p.nan == emu::nan_sign::preserve)
     return fn(fixed_rounding<emu::rounding::nearest_even>{p});
@@ -146,9 +157,8 @@ LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE std::uint32_t encode_generic(emu::format f, T
   return emu::encode(f, x, p, rbits);
 }
 template <class T>
-LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE std::int32_t quantize_int_generic(emu::int_format f, T x,
-                                                                     emu::policy p,
-                                                                     std::uint32_t rbits) {
+LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE std::int32_t
+quantize_int_generic(emu::int_format f, T x, emu::policy p, std::uint32_t rbits) {
   return emu::quantize_int(f, x, p, rbits);
 }
 
@@ -162,4 +172,4 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t encode(FT ft, PT pt, T x, std::uint32_t rb
     return encode_generic(ft.get(), x, pt.get(), rbits);
 }
 
-}  // namespace lowbit::kernels::detail
+} // namespace lowbit::kernels::detail

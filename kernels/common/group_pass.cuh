@@ -4,7 +4,8 @@
 //
 //   struct rule {
 //     using scale_type = ...;                                   // what scales[] holds per group
-//     __device__ group begin(std::uint32_t amax_bits) const;    // per-group state from |x| max bits
+//     __device__ group begin(std::uint32_t amax_bits) const;    // per-group state from |x| max
+//     bits
 //     __device__ scale_type stored(const group&) const;         // the group's scales[] entry
 //     __device__ std::uint32_t element(const group&, float x, std::uint32_t rbits) const;
 //     __device__ bool stochastic() const;                       // whether rbits are drawn
@@ -38,9 +39,9 @@ namespace group_pass {
 constexpr int threads = 256;
 
 struct group_geometry {
-  std::int64_t rows, cols;  // input extent
-  std::int64_t gr, gc;      // group extent (the last group in a row/column may be partial)
-  std::int64_t scale_cols;  // groups per group-row
+  std::int64_t rows, cols; // input extent
+  std::int64_t gr, gc;     // group extent (the last group in a row/column may be partial)
+  std::int64_t scale_cols; // groups per group-row
 };
 
 __device__ __forceinline__ std::uint32_t abs_bits(float x) {
@@ -61,23 +62,29 @@ __device__ __forceinline__ unsigned char* group_shared() {
 
 // Whether every element of group g gets one code (the rule's optional `uniform`), and which.
 template <class Rule, class Group>
-__device__ __forceinline__ bool uniform_group(const Rule& rule, const Group& g, std::uint32_t& code) {
-  if constexpr (requires { rule.uniform(g, code); }) return rule.uniform(g, code);
-  else return false;
+__device__ __forceinline__ bool uniform_group(const Rule& rule, const Group& g,
+                                              std::uint32_t& code) {
+  if constexpr (requires { rule.uniform(g, code); })
+    return rule.uniform(g, code);
+  else
+    return false;
 }
 
 // Whether group g takes the rule's slow_element() (the rule's optional `slow`), and the code of
 // x in g from the form that g takes.
 template <class Rule, class Group>
 __device__ __forceinline__ bool slow_group(const Rule& rule, const Group& g) {
-  if constexpr (requires { rule.slow(g); }) return rule.slow(g);
-  else return false;
+  if constexpr (requires { rule.slow(g); })
+    return rule.slow(g);
+  else
+    return false;
 }
 template <class Rule, class Group>
 __device__ __forceinline__ std::uint32_t element_of(const Rule& rule, const Group& g, bool slow,
                                                     float x, std::uint32_t rbits) {
   if constexpr (requires { rule.slow(g); })
-    if (slow) return rule.slow_element(g, x, rbits);
+    if (slow)
+      return rule.slow_element(g, x, rbits);
   return rule.element(g, x, rbits);
 }
 
@@ -86,24 +93,26 @@ __device__ __forceinline__ std::uint32_t element_of(const Rule& rule, const Grou
 // the flat kernel's byte permutes pick it there with no shift.
 template <class Rule>
 inline constexpr int code_byte_of = [] {
-  if constexpr (requires { Rule::code_byte; }) return Rule::code_byte;
-  else return 0;
+  if constexpr (requires { Rule::code_byte; })
+    return Rule::code_byte;
+  else
+    return 0;
 }();
-template <class Rule, class Code>
-__device__ __forceinline__ Code code_value(std::uint32_t word) {
+template <class Rule, class Code> __device__ __forceinline__ Code code_value(std::uint32_t word) {
   static_assert(code_byte_of<Rule> == 0 || sizeof(Code) == 1, "a code byte for byte codes only");
   return static_cast<Code>(word >> (8 * code_byte_of<Rule>));
 }
 
 template <class Rule>
 inline constexpr int shared_bytes_of = [] {
-  if constexpr (requires { Rule::shared_bytes; }) return Rule::shared_bytes;
-  else return 0;
+  if constexpr (requires { Rule::shared_bytes; })
+    return Rule::shared_bytes;
+  else
+    return 0;
 }();
 
-template <class Rule>
-__device__ __forceinline__ auto in_shared(const Rule& rule) {
-  if constexpr (shared_bytes_of<Rule> > 0) {
+template <class Rule> __device__ __forceinline__ auto in_shared(const Rule& rule) {
+  if constexpr (shared_bytes_of < Rule >> 0) {
     const auto r = rule.to_shared();
     __syncthreads();
     return r;
@@ -117,8 +126,9 @@ __device__ __forceinline__ auto in_shared(const Rule& rule) {
 template <class Rule, class In, class Code>
 __global__ void __launch_bounds__(threads)
     group_block_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
-                       std::int64_t crs, typename Rule::scale_type* __restrict__ scales, group_geometry geo,
-                       int lanes_log2, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
+                       std::int64_t crs, typename Rule::scale_type* __restrict__ scales,
+                       group_geometry geo, int lanes_log2, const __grid_constant__ Rule rule_in,
+                       emu::random_stream rng) {
   const auto rule = in_shared(rule_in);
   const int lanes = 1 << lanes_log2;
   const int lane = threadIdx.x & (lanes - 1), row_in_step = threadIdx.x >> lanes_log2;
@@ -133,7 +143,8 @@ __global__ void __launch_bounds__(threads)
         m = max(m, abs_bits(element_ops::load(x[r * xrs + c])));
     m = block_max(m);
     const auto grp = rule.begin(m);
-    if (threadIdx.x == 0) scales[g] = rule.stored(grp);
+    if (threadIdx.x == 0)
+      scales[g] = rule.stored(grp);
     std::uint32_t same = 0;
     const bool uniform = uniform_group(rule, grp, same), slow = slow_group(rule, grp);
     for (std::int64_t r = r0 + row_in_step; r < r1; r += rows_per_step)
@@ -144,13 +155,15 @@ __global__ void __launch_bounds__(threads)
         }
         const std::uint32_t rb =
             rule.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * geo.cols + c)) : 0u;
-        codes[r * crs + c] =
-            code_value<Rule, Code>(element_of(rule, grp, slow, element_ops::load(x[r * xrs + c]), rb));
+        codes[r * crs + c] = code_value<Rule, Code>(
+            element_of(rule, grp, slow, element_ops::load(x[r * xrs + c]), rb));
       }
   }
 }
 
-constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+constexpr int log2_of(int v) {
+  return v <= 1 ? 0 : 1 + log2_of(v / 2);
+}
 
 // Elements per thread of the segment and flat kernels, and the blocks per SM they are compiled
 // for: 4, that is at most 64 registers (the block-wise kernels, whose tables take shared memory,
@@ -190,8 +203,7 @@ __device__ __forceinline__ std::uint32_t abs_max_bits_of_ints(const float (&v)[N
 // The same in one tree on sm_80+: the float maximum of |v[i]| that propagates NaN (max.NaN, the
 // absolute values folded into its operands) is, as bits, the maximum of the abs_bits unless some
 // v[i] is NaN; then (its result the canonical NaN) the integer trees give the NaN's own bits.
-template <int N>
-__device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
+template <int N> __device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float m[N / 2];
 #pragma unroll
@@ -201,9 +213,11 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
   for (int w = N / 4; w >= 1; w /= 2)
 #pragma unroll
     for (int i = 0; i < N / 4; ++i)
-      if (i < w) asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[i]) : "f"(m[i]), "f"(m[i + w]));
+      if (i < w)
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[i]) : "f"(m[i]), "f"(m[i + w]));
   const std::uint32_t bits = __float_as_uint(m[0]);
-  if (bits <= 0x7F800000u) return bits;
+  if (bits <= 0x7F800000u)
+    return bits;
 #endif
   return abs_max_bits_of_ints(v);
 }
@@ -216,7 +230,8 @@ __device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[N]) {
 // checks for a converged warp once, not per shuffle.
 __device__ __forceinline__ std::uint32_t lanes_max(std::uint32_t v, int gl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (gl >= 5) return __reduce_max_sync(0xFFFFFFFFu, v);
+  if (gl >= 5)
+    return __reduce_max_sync(0xFFFFFFFFu, v);
   constexpr int bits = 4;
 #else
   constexpr int bits = 5;
@@ -252,13 +267,12 @@ __device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
 __device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   std::uint32_t done = 0;
-  do {  // (try_wait, which suspends the warp for a while, measured slower here)
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+  do { // (try_wait, which suspends the warp for a while, measured slower here)
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
   } while (done == 0);
 #else
   (void)bar, (void)parity;
@@ -299,17 +313,19 @@ __device__ __forceinline__ void chunk_bits(const emu::random_stream& rng, std::u
   const unsigned s = static_cast<unsigned>(i & 3u);
   if (s == 0) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) out[e] = b0.v[e];
+    for (int e = 0; e < 4; ++e)
+      out[e] = b0.v[e];
     return;
   }
   const emu::philox_block b1 = rng.block((i >> 2) + 1);
   const std::uint32_t w[8] = {b0.v[0], b0.v[1], b0.v[2], b0.v[3],
                               b1.v[0], b1.v[1], b1.v[2], b1.v[3]};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {  // w[s + e] by selects (a dynamic index would go to local memory)
+  for (int e = 0; e < 4; ++e) { // w[s + e] by selects (a dynamic index would go to local memory)
     std::uint32_t r = w[e + 1];
 #pragma unroll
-    for (int k = 2; k <= 3; ++k) r = s == static_cast<unsigned>(k) ? w[e + k] : r;
+    for (int k = 2; k <= 3; ++k)
+      r = s == static_cast<unsigned>(k) ? w[e + k] : r;
     out[e] = r;
   }
 }
@@ -330,18 +346,18 @@ __device__ __forceinline__ void chunk_bits(const emu::random_stream& rng, std::u
 // registers (with loads into registers, a thread's bytes in flight were bounded by its registers,
 // and DRAM idled through the arithmetic). Other rows load element by element, unstaged.
 template <int E, class In>
-inline constexpr int stage_bytes = threads * E * static_cast<int>(sizeof(In));
-template <class Rule>
-inline constexpr int staging_offset = (shared_bytes_of<Rule> + 15) / 16 * 16;
+inline constexpr int stage_bytes = threads* E* static_cast<int>(sizeof(In));
+template <class Rule> inline constexpr int staging_offset = (shared_bytes_of<Rule> + 15) / 16 * 16;
 
 template <int E, class Rule, class In, class Code>
 __global__ void __launch_bounds__(threads, min_blocks)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
-                   std::int64_t crs, typename Rule::scale_type* __restrict__ scales, std::int64_t rows,
-                   std::int64_t cols, std::int64_t k, int seg_shift, std::int64_t lanes_per_row,
-                   bool vector, int stages, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
+                   std::int64_t crs, typename Rule::scale_type* __restrict__ scales,
+                   std::int64_t rows, std::int64_t cols, std::int64_t k, int seg_shift,
+                   std::int64_t lanes_per_row, bool vector, int stages,
+                   const __grid_constant__ Rule rule_in, emu::random_stream rng) {
   static_assert(E % 4 == 0, "whole chunks of four");
-  constexpr int J = E / 4;  // chunks per thread
+  constexpr int J = E / 4; // chunks per thread
   using chunk = vec<In, 4>;
   const auto rule = in_shared(rule_in);
   __shared__ __align__(16) std::uint32_t warp_max_smem[threads / 32];
@@ -368,7 +384,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
     p.len = p.r < rows && p.seg < nseg ? static_cast<int>(min(k, cols - p.c0)) : 0;
     return p;
   };
-  const auto offset = [&](int j) { return (j * seg_lanes + chunk_lane) * 4; };  // of chunk j
+  const auto offset = [&](int j) { return (j * seg_lanes + chunk_lane) * 4; }; // of chunk j
   const auto next = [&](std::int64_t& rb0, std::int64_t& lb0) {
     lb0 += lane_step;
     if (lb0 >= lanes_per_row) {
@@ -380,29 +396,33 @@ __global__ void __launch_bounds__(threads, min_blocks)
   // The segment's amax, its scale and codes from v[] (elements that do not exist are 0 there,
   // which leaves the maximum of |x| bits alone). Every thread of the block calls it: the
   // reduction may synchronize.
-  const auto encode = [&](const place& p, const float (&v)[E]) {
+  const auto encode = [&](const place& p, const float(&v)[E]) {
     // Within a warp by lanes_max, across warps through shared memory.
     std::uint32_t m = lanes_max(abs_max_bits(v), seg_shift < 5 ? seg_shift : 5);
-    if (seg_lanes > 32) {  // block-uniform: the segment spans 2, 4 or all 8 warps
+    if (seg_lanes > 32) { // block-uniform: the segment spans 2, 4 or all 8 warps
       __syncthreads();
-      if ((tid & 31) == 0) warp_max_smem[tid >> 5] = m;
+      if ((tid & 31) == 0)
+        warp_max_smem[tid >> 5] = m;
       __syncthreads();
       const int warp = tid >> 5, nw = seg_lanes >> 5;
       const uint4 lo = *reinterpret_cast<const uint4*>(&warp_max_smem[0]);
       const uint4 hi = *reinterpret_cast<const uint4*>(&warp_max_smem[4]);
       if (nw == 8) {
         m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
-      } else {  // an aligned two or four within the block's first or second four warps
+      } else { // an aligned two or four within the block's first or second four warps
         const uint4 w4 = warp < 4 ? lo : hi;
-        const int first = warp & ~(nw - 1) & 3;  // the segment's first warp within the four
+        const int first = warp & ~(nw - 1) & 3; // the segment's first warp within the four
         const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-        for (int q = 0; q < 4; ++q) m = q >= first && q < first + nw ? max(m, w[q]) : m;
+        for (int q = 0; q < 4; ++q)
+          m = q >= first && q < first + nw ? max(m, w[q]) : m;
       }
     }
-    if (p.len == 0) return;
+    if (p.len == 0)
+      return;
     const auto grp = rule.begin(m);
-    if (chunk_lane == 0) scales[p.r * nseg + p.seg] = rule.stored(grp);
+    if (chunk_lane == 0)
+      scales[p.r * nseg + p.seg] = rule.stored(grp);
     const std::uint64_t base = static_cast<std::uint64_t>(p.r * cols + p.c0);
     Code* cs = codes + p.r * crs + p.c0;
     std::uint32_t same = 0;
@@ -413,20 +433,24 @@ __global__ void __launch_bounds__(threads, min_blocks)
       vec<Code, 4> w;
       if (uniform) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) w.v[e] = code_value<Rule, Code>(same);
+        for (int e = 0; e < 4; ++e)
+          w.v[e] = code_value<Rule, Code>(same);
       } else {
         std::uint32_t rbits[4] = {};
-        if (rule.stochastic()) chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
+        if (rule.stochastic())
+          chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           w.v[e] = code_value<Rule, Code>(element_of(rule, grp, slow, v[j * 4 + e], rbits[e]));
       }
       if (vector) {
-        if (off < p.len) *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
+        if (off < p.len)
+          *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (off + e < p.len) cs[off + e] = w.v[e];
+          if (off + e < p.len)
+            cs[off + e] = w.v[e];
       }
     }
   };
@@ -435,7 +459,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
   // first row block exists; the loop conditions are block-uniform.
   std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y, lb0 = lane_first;
   float v[E];
-  if (!vector) {  // k, cols or a row start not a multiple of 4, or x not aligned to a chunk
+  if (!vector) { // k, cols or a row start not a multiple of 4, or x not aligned to a chunk
     for (; rb0 < rows; next(rb0, lb0)) {
       const place p = place_of(rb0, lb0);
       const In* xs = x + p.r * xrs + p.c0;
@@ -460,24 +484,28 @@ __global__ void __launch_bounds__(threads, min_blocks)
       const In* xs = x + p.r * xrs + p.c0;
 #pragma unroll
       for (int j = 0; j < J; ++j)
-        if (offset(j) < p.len) copy_async<sizeof(chunk)>(slot(s, j), xs + offset(j));
+        if (offset(j) < p.len)
+          copy_async<sizeof(chunk)>(slot(s, j), xs + offset(j));
     }
     copy_commit();
   };
-  std::int64_t arb0 = rb0, alb0 = lb0;  // the next segment to stage
-  for (int s = 0; s < stages - 1; ++s, next(arb0, alb0)) stage_in(arb0, alb0, s);
+  std::int64_t arb0 = rb0, alb0 = lb0; // the next segment to stage
+  for (int s = 0; s < stages - 1; ++s, next(arb0, alb0))
+    stage_in(arb0, alb0, s);
   int s_read = 0, s_write = stages - 1;
   for (; rb0 < rows; next(rb0, lb0)) {
     stage_in(arb0, alb0, s_write);
     next(arb0, alb0);
-    copy_wait(stages - 1);  // this segment's group is done (stages - 1 newer ones may not be)
+    copy_wait(stages - 1); // this segment's group is done (stages - 1 newer ones may not be)
     const place p = place_of(rb0, lb0);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       chunk w = {};
-      if (offset(j) < p.len) w = *slot(s_read, j);
+      if (offset(j) < p.len)
+        w = *slot(s_read, j);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) v[j * 4 + e] = element_ops::load(w.v[e]);
+      for (int e = 0; e < 4; ++e)
+        v[j * 4 + e] = element_ops::load(w.v[e]);
     }
     encode(p, v);
     s_read = s_read + 1 == stages ? 0 : s_read + 1;
@@ -515,13 +543,13 @@ __global__ void __launch_bounds__(flat_threads, 1)
                       typename Rule::scale_type* __restrict__ scales, std::int64_t n, int k_log2,
                       int stages, const __grid_constant__ Rule rule_in, emu::random_stream rng) {
   constexpr int E = elements_per_thread;
-  constexpr int per_piece = 16 / static_cast<int>(sizeof(In));  // elements per 16-byte piece
-  constexpr int P = E / per_piece;                               // pieces per thread
+  constexpr int per_piece = 16 / static_cast<int>(sizeof(In)); // elements per 16-byte piece
+  constexpr int P = E / per_piece;                             // pieces per thread
   static_assert(P >= 2 && P <= 8 && (P & (P - 1)) == 0, "2, 4 or 8 pieces per thread");
-  constexpr int per_store = 16 / static_cast<int>(sizeof(Code));  // codes per 16-byte store
+  constexpr int per_store = 16 / static_cast<int>(sizeof(Code)); // codes per 16-byte store
   static_assert(E % per_store == 0 && E % 4 == 0);
   constexpr std::int64_t per_tile = std::int64_t{flat_threads} * E;
-  constexpr int span = 32 * P;  // pieces of a warp's span
+  constexpr int span = 32 * P; // pieces of a warp's span
   constexpr std::uint32_t stage_bytes = flat_threads * P * 16;
   using piece = vec<In, per_piece>;
   using scale_type = typename Rule::scale_type;
@@ -535,18 +563,19 @@ __global__ void __launch_bounds__(flat_threads, 1)
   __shared__ std::uint64_t arrived[2][warps / 2];
   static_assert(sizeof(part[0]) == 128 && sizeof(arrived[0]) == 128);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int gl = k_log2 - log2_of(E);  // log2 of the threads per group
+  const int gl = k_log2 - log2_of(E); // log2 of the threads per group
   const int group_warps_log2 = gl > 5 ? gl - 5 : 0;
   // This warp's slot of part[0], its group's first slot there and its group's arrived[0].
   const std::uint32_t part_at = kept(shared_address(&part[0][warp]));
   const std::uint32_t group_part_at =
       kept(shared_address(&part[0][warp & ~((1 << group_warps_log2) - 1)]));
   const std::uint32_t arrived_at = kept(shared_address(&arrived[0][warp >> group_warps_log2]));
-  if (gl > 5) {  // block-uniform
-    if (tid < warps) mbarrier_init(shared_address(&arrived[0][0]) + 8 * tid, 1u << group_warps_log2);
+  if (gl > 5) { // block-uniform
+    if (tid < warps)
+      mbarrier_init(shared_address(&arrived[0][0]) + 8 * tid, 1u << group_warps_log2);
     __syncthreads();
   }
-  int meetings = 0;  // of this thread's encode() calls so far
+  int meetings = 0; // of this thread's encode() calls so far
 
   // This block's full tiles: blockIdx.x + t gridDim.x for t < tiles (launch_flat_groups keeps n
   // below 2^45, so that tiles is an int), the thread's E elements of each from i0 on, at a
@@ -555,12 +584,12 @@ __global__ void __launch_bounds__(flat_threads, 1)
   const int tiles =
       full_tiles > blockIdx.x ? static_cast<int>((full_tiles - 1 - blockIdx.x) / gridDim.x + 1) : 0;
   const std::int64_t stride = std::int64_t{gridDim.x} * per_tile;
-  const auto first_of = [&](std::int64_t t) {  // the thread's first element of its tile t
+  const auto first_of = [&](std::int64_t t) { // the thread's first element of its tile t
     return (blockIdx.x + t * gridDim.x) * per_tile + tid * E;
   };
   Code* out = codes + first_of(0);
   scale_type* sc = scales + (first_of(0) >> k_log2);
-  const std::int64_t sc_stride = stride >> k_log2;  // k <= per_tile divides it
+  const std::int64_t sc_stride = stride >> k_log2; // k <= per_tile divides it
 
   // The swizzle's per-lane parts: piece i * 32 + lane of the warp's span (copied by this lane)
   // goes to slot i * 32 + (lane ^ (lane / 8)); piece lane * P + j (read by it) sits at slot
@@ -572,17 +601,19 @@ __global__ void __launch_bounds__(flat_threads, 1)
   const int read_slot = (lane * P) ^ (((lane * P) >> 3) & 3);
   std::uint32_t read_at[P];
 #pragma unroll
-  for (int j = 0; j < P; ++j) read_at[j] = kept(stage0 + (read_slot ^ j) * 16);
+  for (int j = 0; j < P; ++j)
+    read_at[j] = kept(stage0 + (read_slot ^ j) * 16);
   // The warp's span of the next tile to stage, and how many tiles were staged (one copy group
   // each, empty past this block's tiles, so that the waits count evenly).
-  const piece* ahead = reinterpret_cast<const piece*>(x + std::int64_t{blockIdx.x} * per_tile) +
-                       warp * span + lane;
+  const piece* ahead =
+      reinterpret_cast<const piece*>(x + std::int64_t{blockIdx.x} * per_tile) + warp * span + lane;
   const std::int64_t ahead_stride = stride / per_piece;
   int staged = 0;
   const auto stage_next = [&](std::uint32_t offset) {
     if (staged < tiles) {
 #pragma unroll
-      for (int i = 0; i < P; ++i) copy_async<16>(copy_at + offset + i * 32 * 16, ahead + i * 32);
+      for (int i = 0; i < P; ++i)
+        copy_async<16>(copy_at + offset + i * 32 * 16, ahead + i * 32);
     }
     copy_commit();
     ++staged;
@@ -590,7 +621,8 @@ __global__ void __launch_bounds__(flat_threads, 1)
   };
   // Iteration t reads the stage at `read` and refills the one read in iteration t - 1, `write`.
   const std::uint32_t last = (stages - 1) * stage_bytes;
-  for (int s = 0; s < stages - 1; ++s) stage_next(s * stage_bytes);
+  for (int s = 0; s < stages - 1; ++s)
+    stage_next(s * stage_bytes);
   // The rule's tables (if any) while those tiles stream in.
   const auto rule = in_shared(rule_in);
 
@@ -598,10 +630,10 @@ __global__ void __launch_bounds__(flat_threads, 1)
   // elements i0 .. i0 + E - 1, stored at out (codes + i0) with the scale at sc
   // (scales + (i0 >> k_log2)); called by every thread of the block (the reduction may
   // synchronize). `full`: the tile lies inside n.
-  const auto encode = [&](const float (&v)[E], Code* out, scale_type* sc, std::int64_t i0,
+  const auto encode = [&](const float(&v)[E], Code* out, scale_type* sc, std::int64_t i0,
                           bool full) {
     std::uint32_t m = lanes_max(abs_max_bits(v), gl);
-    if (gl > 5) {  // block-uniform: the group spans an aligned 2, 4 or 8 warps
+    if (gl > 5) { // block-uniform: the group spans an aligned 2, 4 or 8 warps
       // A warp's next write to this half of part[] comes after the group's next meeting, which
       // every warp of the group reaches only after reading this half.
       const std::uint32_t half = (meetings & 1) * 128u;
@@ -612,11 +644,12 @@ __global__ void __launch_bounds__(flat_threads, 1)
       }
       mbarrier_wait(arrived_at + half, (meetings >> 1) & 1);
 #else
-      if (lane == 0) store_shared(part_at + half, m);
+      if (lane == 0)
+        store_shared(part_at + half, m);
       __syncthreads();
 #endif
       ++meetings;
-      if (gl == 6) {  // (two slots: 8-byte aligned only)
+      if (gl == 6) { // (two slots: 8-byte aligned only)
         const uint2 w = load_shared_8(group_part_at + half);
         m = max(w.x, w.y);
       } else if (gl == 7) {
@@ -629,7 +662,8 @@ __global__ void __launch_bounds__(flat_threads, 1)
       }
     }
     const auto grp = rule.begin(m);
-    if ((tid & ((1 << gl) - 1)) == 0 && (full || i0 < n)) *sc = rule.stored(grp);
+    if ((tid & ((1 << gl) - 1)) == 0 && (full || i0 < n))
+      *sc = rule.stored(grp);
     // The codes code_of(v[i], rbits of element i0 + i), stored (`draw`: whether rbits are drawn).
     const auto store = [&](auto code_of, bool draw) {
 #pragma unroll
@@ -638,9 +672,11 @@ __global__ void __launch_bounds__(flat_threads, 1)
 #pragma unroll
         for (int j = 0; j < per_store; j += 4) {
           std::uint32_t rbits[4] = {};
-          if (draw) chunk_bits(rng, static_cast<std::uint64_t>(i0 + h + j), rbits);
+          if (draw)
+            chunk_bits(rng, static_cast<std::uint64_t>(i0 + h + j), rbits);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c[j + e] = code_of(v[h + j + e], rbits[e]);
+          for (int e = 0; e < 4; ++e)
+            c[j + e] = code_of(v[h + j + e], rbits[e]);
         }
         if (full) {
           if constexpr (sizeof(Code) == 1) {
@@ -651,38 +687,42 @@ __global__ void __launch_bounds__(flat_threads, 1)
           } else {
             vec<Code, per_store> w;
 #pragma unroll
-            for (int e = 0; e < per_store; ++e) w.v[e] = code_value<Rule, Code>(c[e]);
+            for (int e = 0; e < per_store; ++e)
+              w.v[e] = code_value<Rule, Code>(c[e]);
             *reinterpret_cast<vec<Code, per_store>*>(out + h) = w;
           }
         } else {
 #pragma unroll
           for (int e = 0; e < per_store; ++e)
-            if (i0 + h + e < n) out[h + e] = code_value<Rule, Code>(c[e]);
+            if (i0 + h + e < n)
+              out[h + e] = code_value<Rule, Code>(c[e]);
         }
       }
     };
     std::uint32_t same = 0;
     if (uniform_group(rule, grp, same))
       store([&](float, std::uint32_t) { return same; }, false);
-    else if (slow_group(rule, grp))  // (no code where the rule has no slow form)
+    else if (slow_group(rule, grp)) // (no code where the rule has no slow form)
       store([&](float xv, std::uint32_t rb) { return element_of(rule, grp, true, xv, rb); },
             rule.stochastic());
     else
-      store([&](float xv, std::uint32_t rb) { return rule.element(grp, xv, rb); }, rule.stochastic());
+      store([&](float xv, std::uint32_t rb) { return rule.element(grp, xv, rb); },
+            rule.stochastic());
   };
 
   std::uint32_t read = 0, write = last;
   float v[E];
   for (int t = 0; t < tiles; ++t) {
-    if (stages == 1) {  // no overlap: this tile's copies now, once every lane read the last
+    if (stages == 1) { // no overlap: this tile's copies now, once every lane read the last
       __syncwarp();
       stage_next(0);
     }
-    copy_wait(stages == 3 ? 1 : 0);  // this lane's copy group of this tile is done
+    copy_wait(stages == 3 ? 1 : 0); // this lane's copy group of this tile is done
     // The warp's copies of this tile have landed, and its lanes are done reading the stage
     // refilled next (the one read in the previous iteration).
     __syncwarp();
-    if (stages > 1) stage_next(write);
+    if (stages > 1)
+      stage_next(write);
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const uint4 w4 = load_shared_16(read_at[j] + read);
@@ -690,9 +730,10 @@ __global__ void __launch_bounds__(flat_threads, 1)
       static_assert(sizeof(piece) == sizeof(uint4));
       __builtin_memcpy(&w, &w4, sizeof(w));
 #pragma unroll
-      for (int e = 0; e < per_piece; ++e) v[j * per_piece + e] = element_ops::load(w.v[e]);
+      for (int e = 0; e < per_piece; ++e)
+        v[j * per_piece + e] = element_ops::load(w.v[e]);
     }
-    encode(v, out, sc, first_of(t), true);  // (first_of is needed by stochastic rules only)
+    encode(v, out, sc, first_of(t), true); // (first_of is needed by stochastic rules only)
     out += stride;
     sc += sc_stride;
     write = read;
@@ -702,7 +743,8 @@ __global__ void __launch_bounds__(flat_threads, 1)
     // the partial tile, by one block, element by element
     const std::int64_t i0 = first_of(tiles);
 #pragma unroll
-    for (int e = 0; e < E; ++e) v[e] = i0 + e < n ? element_ops::load(x[i0 + e]) : 0.0f;
+    for (int e = 0; e < E; ++e)
+      v[e] = i0 + e < n ? element_ops::load(x[i0 + e]) : 0.0f;
     encode(v, out, sc, i0, false);
   }
 }
@@ -711,8 +753,7 @@ __global__ void __launch_bounds__(flat_threads, 1)
 // in to that much; asked once per kernel and device. The group-pass kernels launch about this
 // many blocks per SM, each walking many groups, so that table copies stay few and no partial
 // second wave runs.
-template <auto kernel>
-int resident_blocks(int block_threads, int smem) {
+template <auto kernel> int resident_blocks(int block_threads, int smem) {
   return once_per_device([&](int) {
     // Opted in whatever the size: a kernel's static shared memory counts against the default
     // 48 KiB too.
@@ -728,7 +769,8 @@ int resident_blocks(int block_threads, int smem) {
 
 inline int log2_ceil(std::int64_t v) {
   int l = 0;
-  while ((std::int64_t{1} << l) < v) ++l;
+  while ((std::int64_t{1} << l) < v)
+    ++l;
   return l;
 }
 
@@ -754,15 +796,15 @@ inline int stage_cap() {
   }();
   return cap;
 }
-template <auto kernel>
-staging staging_for(int offset, int bytes, int block_threads = threads) {
-  const int k = once_per_device([&](int) {  // stages * 4096 + blocks; 4095: none fits
+template <auto kernel> staging staging_for(int offset, int bytes, int block_threads = threads) {
+  const int k = once_per_device([&](int) { // stages * 4096 + blocks; 4095: none fits
     staging best{1, 0};
     bool opted = false;
     for (int s = 3; s >= 1; --s) {
       const int smem = offset + s * bytes;
-      if (smem > max_shared_per_block() || (s == 1 && best.blocks > 0)) continue;
-      if (!opted) {  // the largest that fits: every smaller size is allowed then too
+      if (smem > max_shared_per_block() || (s == 1 && best.blocks > 0))
+        continue;
+      if (!opted) { // the largest that fits: every smaller size is allowed then too
         LOWBIT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         opted = true;
@@ -770,7 +812,8 @@ staging staging_for(int offset, int bytes, int block_threads = threads) {
       int n = 0;
       LOWBIT_CUDA_CHECK(
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
-      if (n > best.blocks) best = {s, n};
+      if (n > best.blocks)
+        best = {s, n};
     }
     return best.blocks == 0 ? 4095 : best.stages * 4096 + best.blocks;
   });
@@ -786,8 +829,8 @@ bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const 
   constexpr int E = elements_per_thread;
   constexpr std::int64_t per_tile = std::int64_t{flat_threads} * E;
   const bool pow2 = k >= E && k <= 4096 && (k & (k - 1)) == 0;
-  const bool flat = xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols &&
-                                     xm.cols % k == 0);
+  const bool flat =
+      xm.rows == 1 || (xm.row_stride == xm.cols && cm.row_stride == cm.cols && xm.cols % k == 0);
   const std::int64_t n = xm.rows * xm.cols;
   if (!pow2 || !flat || !aligned_to<In>(x, 16) || !aligned_to<Code>(codes, 16) ||
       n >= (std::int64_t{1} << 45))
@@ -795,7 +838,8 @@ bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const 
   constexpr int bytes = flat_threads * E * static_cast<int>(sizeof(In));
   constexpr auto kernel = flat_group_kernel<Rule, In, Code>;
   const staging st = staging_for<kernel>(staging_offset<Rule>, bytes, flat_threads);
-  if (st.stages == 0) return false;  // a block does not fit: the segment kernel
+  if (st.stages == 0)
+    return false; // a block does not fit: the segment kernel
   const int smem = staging_offset<Rule> + st.stages * bytes;
   const std::int64_t tiles = (n + per_tile - 1) / per_tile;
   const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
@@ -811,7 +855,7 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
                      typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                      const emu::random_stream& rng, cudaStream_t stream) {
   const int seg_shift = log2_ceil((k + E - 1) / E), seg_lanes = 1 << seg_shift;
-  if (seg_lanes > threads)  // launch_groups picks E so that it never is
+  if (seg_lanes > threads) // launch_groups picks E so that it never is
     throw error(errc::unsupported, "group pass: a segment of more lanes than a block has");
   const std::int64_t nseg = (xm.cols + k - 1) / k;
   const std::int64_t lanes_per_row = nseg * seg_lanes;
@@ -832,8 +876,8 @@ void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const mat
                       cm.row_stride % 4 == 0 && aligned_to<In>(x, sizeof(In) * 4) &&
                       aligned_to<Code>(codes, sizeof(Code) * 4);
   kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem,
-           stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols, k,
-                     seg_shift, lanes_per_row, vector, stages, rule, rng);
+           stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols, k, seg_shift,
+                     lanes_per_row, vector, stages, rule, rng);
   check_launch("segment_kernel");
 }
 
@@ -846,9 +890,11 @@ template <class Rule, class In, class Code>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
-  if (xm.rows == 0 || xm.cols == 0) return;
+  if (xm.rows == 0 || xm.cols == 0)
+    return;
   constexpr int E = elements_per_thread;
-  if (gr == 1 && launch_flat_groups(x, xm, codes, cm, scales, gc, rule, rng, stream)) return;
+  if (gr == 1 && launch_flat_groups(x, xm, codes, cm, scales, gc, rule, rng, stream))
+    return;
   if (gr == 1 && gc <= E * threads)
     return launch_segments<E>(x, xm, codes, cm, scales, gc, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);
@@ -861,13 +907,13 @@ void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matri
           ? std::int64_t{sm_count()} * resident_blocks<kernel>(threads, shared_bytes_of<Rule>)
           : std::int64_t{1} << 30;
   const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(groups, cap));
-  kernel<<<grid, threads, shared_bytes_of<Rule>, stream>>>(
-      x, xm.row_stride, codes, cm.row_stride, scales, geo, lanes_log2, rule, rng);
+  kernel<<<grid, threads, shared_bytes_of<Rule>, stream>>>(x, xm.row_stride, codes, cm.row_stride,
+                                                           scales, geo, lanes_log2, rule, rng);
   check_launch("group_block_kernel");
 }
 
-}  // namespace group_pass
+} // namespace group_pass
 
 using group_pass::launch_groups;
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

@@ -13,7 +13,7 @@ namespace lowbit::kernels {
 struct matrix_shape {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
-  std::int64_t row_stride = 0;  // in elements
+  std::int64_t row_stride = 0; // in elements
   bool contiguous() const { return row_stride == cols || rows <= 1; }
 };
 
@@ -29,7 +29,8 @@ inline matrix_shape as_matrix(const tensor_view& v, const char* arg) {
   }
   m.cols = v.shape[v.ndim - 1];
   m.rows = 1;
-  for (int k = 0; k + 1 < v.ndim; ++k) m.rows *= v.shape[k];
+  for (int k = 0; k + 1 < v.ndim; ++k)
+    m.rows *= v.shape[k];
   if (m.rows == 0 || m.cols == 0) {
     m.row_stride = m.cols;
     return m;
@@ -41,7 +42,8 @@ inline matrix_shape as_matrix(const tensor_view& v, const char* arg) {
   m.row_stride = m.cols;
   std::int64_t expect = -1;
   for (int k = v.ndim - 2; k >= 0; --k) {
-    if (v.shape[k] == 1) continue;
+    if (v.shape[k] == 1)
+      continue;
     if (expect < 0) {
       m.row_stride = v.strides[k];
     } else {
@@ -54,8 +56,9 @@ inline matrix_shape as_matrix(const tensor_view& v, const char* arg) {
   require(m.rows == 1 || m.row_stride >= m.cols, errc::invalid_argument,
           std::string(arg) + ": rows overlap or run backwards (row stride " +
               std::to_string(m.row_stride) + " for rows of " + std::to_string(m.cols) + ")");
-  if (m.rows == 1) m.row_stride = m.cols;
+  if (m.rows == 1)
+    m.row_stride = m.cols;
   return m;
 }
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -6,17 +6,17 @@ namespace lowbit::kernels {
 
 const char* dtype_name(dtype t) {
   switch (t) {
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
-    case dtype::float16: return "float16";
-    case dtype::bfloat16: return "bfloat16";
-    case dtype::uint8: return "uint8";
-    case dtype::int8: return "int8";
-    case dtype::uint16: return "uint16";
-    case dtype::int16: return "int16";
-    case dtype::uint32: return "uint32";
-    case dtype::int32: return "int32";
-    case dtype::int64: return "int64";
+  case dtype::float32: return "float32";
+  case dtype::float64: return "float64";
+  case dtype::float16: return "float16";
+  case dtype::bfloat16: return "bfloat16";
+  case dtype::uint8: return "uint8";
+  case dtype::int8: return "int8";
+  case dtype::uint16: return "uint16";
+  case dtype::int16: return "int16";
+  case dtype::uint32: return "uint32";
+  case dtype::int32: return "int32";
+  case dtype::int64: return "int64";
   }
   return "?";
 }
@@ -35,7 +35,8 @@ tensor_view tensor_view::contiguous(void* data, dtype t, std::initializer_list<s
           "tensors have at most 8 dimensions");
   v.ndim = static_cast<int>(shape.size());
   int i = 0;
-  for (auto s : shape) v.shape[i++] = s;
+  for (auto s : shape)
+    v.shape[i++] = s;
   std::int64_t stride = 1;
   for (int k = v.ndim - 1; k >= 0; --k) {
     v.strides[k] = stride;
@@ -46,37 +47,44 @@ tensor_view tensor_view::contiguous(void* data, dtype t, std::initializer_list<s
 
 std::int64_t tensor_view::numel() const {
   std::int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < ndim; ++i)
+    n *= shape[i];
   return n;
 }
 
 bool tensor_view::is_contiguous() const {
   std::int64_t stride = 1;
   for (int k = ndim - 1; k >= 0; --k) {
-    if (shape[k] != 1 && strides[k] != stride) return false;
+    if (shape[k] != 1 && strides[k] != stride)
+      return false;
     stride *= shape[k];
   }
   return true;
 }
 
 bool tensor_view::same_shape(const tensor_view& o) const {
-  if (ndim != o.ndim) return false;
+  if (ndim != o.ndim)
+    return false;
   for (int i = 0; i < ndim; ++i)
-    if (shape[i] != o.shape[i]) return false;
+    if (shape[i] != o.shape[i])
+      return false;
   return true;
 }
 
 std::string tensor_view::shape_string() const {
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (int i = 0; i < ndim; ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + (ndim == 1 ? ",)" : ")");
 }
 
 void require_dtype(const tensor_view& v, const char* arg, std::initializer_list<dtype> allowed) {
   for (dtype t : allowed)
-    if (v.type == t) return;
+    if (v.type == t)
+      return;
   std::string names;
-  for (dtype t : allowed) names += std::string(names.empty() ? "" : ", ") + dtype_name(t);
+  for (dtype t : allowed)
+    names += std::string(names.empty() ? "" : ", ") + dtype_name(t);
   throw error(errc::invalid_type, std::string(arg) + ": dtype " + dtype_name(v.type) +
                                       " is not supported here; expected one of " + names);
 }
@@ -84,8 +92,8 @@ void require_dtype(const tensor_view& v, const char* arg, std::initializer_list<
 void require_same_shape(const tensor_view& a, const char* arg_a, const tensor_view& b,
                         const char* arg_b) {
   require(a.same_shape(b), errc::invalid_argument,
-          std::string(arg_a) + " has shape " + a.shape_string() + " but " + arg_b +
-              " has shape " + b.shape_string() + "; they must match");
+          std::string(arg_a) + " has shape " + a.shape_string() + " but " + arg_b + " has shape " +
+              b.shape_string() + "; they must match");
 }
 
 void require_same_device(const tensor_view& a, const char* arg_a, const tensor_view& b,
@@ -110,4 +118,4 @@ void require_valid(const tensor_view& v, const char* arg) {
           std::string(arg) + ": null data pointer for a non-empty tensor");
 }
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

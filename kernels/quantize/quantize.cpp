@@ -14,26 +14,29 @@ namespace lowbit::kernels {
 
 std::int64_t grouping::scale_rows(std::int64_t m) const {
   switch (k) {
-    case kind::tensor: case kind::columns: return 1;
-    case kind::rows: case kind::blocks: return m;
-    case kind::tiles: return m / tile_rows + (m % tile_rows != 0);
+  case kind::tensor:
+  case kind::columns: return 1;
+  case kind::rows:
+  case kind::blocks: return m;
+  case kind::tiles: return m / tile_rows + (m % tile_rows != 0);
   }
   return 1;
 }
 
 std::int64_t grouping::scale_cols(std::int64_t n) const {
   switch (k) {
-    case kind::tensor: case kind::rows: return 1;
-    case kind::columns: return n;
-    case kind::blocks: case kind::tiles: return n / tile_cols + (n % tile_cols != 0);
+  case kind::tensor:
+  case kind::rows: return 1;
+  case kind::columns: return n;
+  case kind::blocks:
+  case kind::tiles: return n / tile_cols + (n % tile_cols != 0);
   }
   return 1;
 }
 
 namespace {
 
-const std::initializer_list<dtype> real_inputs = {dtype::float32, dtype::float16,
-                                                   dtype::bfloat16};
+const std::initializer_list<dtype> real_inputs = {dtype::float32, dtype::float16, dtype::bfloat16};
 
 void validate_target(const target& t, const char* arg) {
   if (t.is_int) {
@@ -85,8 +88,8 @@ void require_numel(const tensor_view& v, const char* arg, std::int64_t n, const 
 }
 
 // Common checks of x and codes; returns the matrix readings.
-void check_x_codes(const tensor_view& x, const tensor_view& codes, const target& t,
-                   bool transpose, matrix_shape& xm, matrix_shape& cm) {
+void check_x_codes(const tensor_view& x, const tensor_view& codes, const target& t, bool transpose,
+                   matrix_shape& xm, matrix_shape& cm) {
   require_valid(x, "x");
   require_valid(codes, "codes");
   require_dtype(x, "x", real_inputs);
@@ -97,8 +100,8 @@ void check_x_codes(const tensor_view& x, const tensor_view& codes, const target&
   if (transpose) {
     require(cm.rows == xm.cols && cm.cols == xm.rows, errc::invalid_argument,
             "codes: with transpose, codes must be the " + std::to_string(xm.cols) + " x " +
-                std::to_string(xm.rows) + " transpose of x (got shape " +
-                codes.shape_string() + ")");
+                std::to_string(xm.rows) + " transpose of x (got shape " + codes.shape_string() +
+                ")");
   } else {
     require_same_shape(x, "x", codes, "codes");
   }
@@ -111,7 +114,7 @@ void check_float_vector(const tensor_view& v, const char* arg, const tensor_view
   require_same_device(x, "x", v, arg);
 }
 
-}  // namespace
+} // namespace
 
 void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
               const target& t, const grouping& g, const emu::policy& pol, const scaling& sc,
@@ -170,10 +173,10 @@ void cast_scaled(const tensor_view& x, const tensor_view& codes, const tensor_vi
   cpu::quantize(p, ex);
 }
 
-void quantize_delayed(const tensor_view& x, const tensor_view& codes,
-                      const tensor_view& scale_pair, const tensor_view& history,
-                      const target& t, history_reduce reduce, const emu::policy& pol,
-                      const scaling& sc, const emu::random_stream& rng, const exec& ex) {
+void quantize_delayed(const tensor_view& x, const tensor_view& codes, const tensor_view& scale_pair,
+                      const tensor_view& history, const target& t, history_reduce reduce,
+                      const emu::policy& pol, const scaling& sc, const emu::random_stream& rng,
+                      const exec& ex) {
   validate_target(t, "target");
   emu::validate(pol);
   require(sc.margin >= -126 && sc.margin <= 126, errc::invalid_argument,
@@ -239,7 +242,8 @@ namespace {
 // (float16, bfloat16) already carries more range than the shared scale adds, so no consumer
 // reads such blocks; the kernels store and mask MX codes as single bytes.
 bool is_mx_element(const target& t) {
-  if (t.is_int) return t.ifmt == emu::int8;
+  if (t.is_int)
+    return t.ifmt == emu::int8;
   return t.fmt == emu::e4m3fn || t.fmt == emu::e5m2 || t.fmt == emu::e3m2fn ||
          t.fmt == emu::e2m3fn || t.fmt == emu::e2m1fn;
 }
@@ -255,7 +259,7 @@ void check_mx_target(const target& t, std::int64_t block, const char* fn) {
   require(block >= 1, errc::invalid_argument,
           "block: must be >= 1 (OCP MX uses 32), got " + std::to_string(block));
 }
-}  // namespace
+} // namespace
 
 void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
                  const target& elem, const emu::policy& pol, std::int64_t block,
@@ -314,4 +318,4 @@ void dequantize_mx(const tensor_view& codes, const tensor_view& scales, const te
   cpu::dequantize_mx(p, ex);
 }
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -16,8 +16,8 @@
 #include <cstdint>
 
 #include "../common/cuda_map.cuh"
-#include "../common/group_pass.cuh"
 #include "../common/dispatch.hpp"
+#include "../common/group_pass.cuh"
 #include "quantize_internal.hpp"
 #include "quantize_ops.hpp"
 
@@ -38,14 +38,14 @@ __global__ void __launch_bounds__(threads)
                        std::int64_t rs, std::uint32_t* __restrict__ amax) {
   std::uint32_t m = 0;
   constexpr int V = 16 / sizeof(In);
-  if (rs == cols) {  // contiguous: one flat grid-stride loop, 16-byte loads where aligned
+  if (rs == cols) { // contiguous: one flat grid-stride loop, 16-byte loads where aligned
     const std::int64_t n = rows * cols;
     const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
     std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
       // U vectors in flight per thread, a warp's u-th load one contiguous span.
       constexpr int U = 8;
-      const std::int64_t nv = n / V;  // whole vectors
+      const std::int64_t nv = n / V; // whole vectors
       std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * blockDim.x * U + threadIdx.x;
       for (; t0 + (U - 1) * blockDim.x < nv; t0 += step * U) {
         vec<In, V> w[U];
@@ -55,13 +55,16 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int e = 0; e < V; ++e) m = max(m, abs_bits(element_ops::load(w[u].v[e])));
+          for (int e = 0; e < V; ++e)
+            m = max(m, abs_bits(element_ops::load(w[u].v[e])));
       }
-      for (; t0 < nv; t0 += blockDim.x)  // the last, partial group of U (this thread's part)
-        for (int e = 0; e < V; ++e) m = max(m, abs_bits(element_ops::load(x[t0 * V + e])));
+      for (; t0 < nv; t0 += blockDim.x) // the last, partial group of U (this thread's part)
+        for (int e = 0; e < V; ++e)
+          m = max(m, abs_bits(element_ops::load(x[t0 * V + e])));
       i = nv * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     }
-    for (; i < n; i += step) m = max(m, abs_bits(element_ops::load(x[i])));
+    for (; i < n; i += step)
+      m = max(m, abs_bits(element_ops::load(x[i])));
   } else {
     for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
       for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -69,7 +72,8 @@ __global__ void __launch_bounds__(threads)
         m = max(m, abs_bits(element_ops::load(x[r * rs + c])));
   }
   m = block_max(m);
-  if (threadIdx.x == 0) amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
+  if (threadIdx.x == 0)
+    amax[blockIdx.y * gridDim.x + blockIdx.x] = m;
 }
 
 // Per-column amax: a 32 x 8 block covers 32 columns and strides down the rows.
@@ -88,8 +92,10 @@ __global__ void __launch_bounds__(threads)
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
 #pragma unroll
-    for (int k = 1; k < 8; ++k) m = max(m, part[k][threadIdx.x]);
-    if (m != 0) atomicMax(amax + c, m);
+    for (int k = 1; k < 8; ++k)
+      m = max(m, part[k][threadIdx.x]);
+    if (m != 0)
+      atomicMax(amax + c, m);
   }
 }
 
@@ -101,7 +107,8 @@ __global__ void scale_kernel(const std::uint32_t* __restrict__ amax, float* __re
        g < groups; g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const auto s = quant_ops::scale_from_amax(amax[g], target_max, sc);
     q[g] = s.q;
-    if (d != nullptr) d[g] = s.d;
+    if (d != nullptr)
+      d[g] = s.d;
   }
 }
 
@@ -111,12 +118,14 @@ __global__ void __launch_bounds__(threads)
     tensor_scale_kernel(const std::uint32_t* __restrict__ partial, int parts, float* __restrict__ q,
                         float* __restrict__ d, float target_max, scaling sc) {
   std::uint32_t m = 0;
-  for (int j = threadIdx.x; j < parts; j += blockDim.x) m = max(m, partial[j]);
+  for (int j = threadIdx.x; j < parts; j += blockDim.x)
+    m = max(m, partial[j]);
   m = block_max(m);
   if (threadIdx.x == 0) {
     const auto s = quant_ops::scale_from_amax(m, target_max, sc);
     *q = s.q;
-    if (d != nullptr) *d = s.d;
+    if (d != nullptr)
+      *d = s.d;
   }
 }
 
@@ -124,21 +133,23 @@ __global__ void __launch_bounds__(threads)
 // zero at the front for this step's amax (accumulated by the cast kernel).
 __global__ void history_kernel(float* __restrict__ hist, int h, history_reduce reduce,
                                float* __restrict__ scale_pair, float target_max, scaling sc) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (threadIdx.x != 0 || blockIdx.x != 0)
+    return;
   std::uint32_t used = abs_bits(hist[0]);
   if (reduce == history_reduce::max)
-    for (int k = 1; k < h; ++k) used = max(used, abs_bits(hist[k]));
+    for (int k = 1; k < h; ++k)
+      used = max(used, abs_bits(hist[k]));
   const auto s = quant_ops::scale_from_amax(used, target_max, sc);
   scale_pair[0] = s.q;
   scale_pair[1] = s.d;
-  for (int k = h - 1; k > 0; --k) hist[k] = hist[k - 1];
+  for (int k = h - 1; k > 0; --k)
+    hist[k] = hist[k - 1];
   hist[0] = 0.0f;
 }
 
 // ---- element-wise cast with a scale per column or per tensor --------------------------------
 
-template <class FT, class PT, class Code>
-struct column_op {
+template <class FT, class PT, class Code> struct column_op {
   static constexpr bool needs_position = true;
   target t;
   FT ft;
@@ -152,8 +163,7 @@ struct column_op {
 };
 
 // Same with one scale for the tensor, read once per thread.
-template <class FT, class PT, class Code>
-struct tensor_op {
+template <class FT, class PT, class Code> struct tensor_op {
   static constexpr bool needs_position = false;
   target t;
   FT ft;
@@ -167,7 +177,8 @@ struct tensor_op {
   }
   template <class In>
   __device__ Code operator()(In x, std::int64_t, std::int64_t, std::uint32_t rbits) const {
-    return static_cast<Code>(quant_ops::quantize_element(t, ft, pt, element_ops::load(x), qv, rbits));
+    return static_cast<Code>(
+        quant_ops::quantize_element(t, ft, pt, element_ops::load(x), qv, rbits));
   }
 };
 
@@ -191,7 +202,8 @@ __global__ void __launch_bounds__(threads)
       codes[r * crs + c] = static_cast<Code>(quant_ops::quantize_element(t, ft, pt, v, q, rb));
     }
   m = block_max(m);
-  if (threadIdx.x == 0 && m != 0) atomicMax(amax, m);
+  if (threadIdx.x == 0 && m != 0)
+    atomicMax(amax, m);
 }
 
 // Per-column scales with the transposed write: a 32 x 32 tile goes through shared memory so that
@@ -199,9 +211,8 @@ __global__ void __launch_bounds__(threads)
 template <class In, class Code, class FT, class PT>
 __global__ void __launch_bounds__(threads)
     cast_transpose_kernel(const In* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                          std::int64_t xrs, Code* __restrict__ codes, std::int64_t crs,
-                          target t, FT ft, PT pt, const float* __restrict__ q,
-                          emu::random_stream rng) {
+                          std::int64_t xrs, Code* __restrict__ codes, std::int64_t crs, target t,
+                          FT ft, PT pt, const float* __restrict__ q, emu::random_stream rng) {
   __shared__ float tile[32][33];
   const std::int64_t tiles_c = (cols + 31) / 32, tiles_r = (rows + 31) / 32;
   for (std::int64_t tix = blockIdx.x; tix < tiles_c * tiles_r; tix += gridDim.x) {
@@ -210,17 +221,18 @@ __global__ void __launch_bounds__(threads)
 #pragma unroll
     for (int k = 0; k < 32; k += 8) {
       const std::int64_t r = r0 + threadIdx.y + k, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[threadIdx.y + k][threadIdx.x] = element_ops::load(x[r * xrs + c]);
+      if (r < rows && c < cols)
+        tile[threadIdx.y + k][threadIdx.x] = element_ops::load(x[r * xrs + c]);
     }
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < 32; k += 8) {
-      const std::int64_t c = c0 + threadIdx.y + k, r = r0 + threadIdx.x;  // output row c, col r
+      const std::int64_t c = c0 + threadIdx.y + k, r = r0 + threadIdx.x; // output row c, col r
       if (r < rows && c < cols) {
         const std::uint32_t rb =
             pt.stochastic() ? rng.bits(static_cast<std::uint64_t>(r * cols + c)) : 0u;
-        codes[c * crs + r] = static_cast<Code>(quant_ops::quantize_element(
-            t, ft, pt, tile[threadIdx.x][threadIdx.y + k], q[c], rb));
+        codes[c * crs + r] = static_cast<Code>(
+            quant_ops::quantize_element(t, ft, pt, tile[threadIdx.x][threadIdx.y + k], q[c], rb));
       }
     }
   }
@@ -229,8 +241,7 @@ __global__ void __launch_bounds__(threads)
 // ---- one pass per group (common/group_pass.cuh) ---------------------------------------------
 
 // Groups scaled by the quantization rule of quantize.hpp: q = max / amax (margins, powers of two).
-template <class FT, class PT>
-struct amax_rule {
+template <class FT, class PT> struct amax_rule {
   using scale_type = float;
   struct group {
     float q, d;
@@ -252,8 +263,7 @@ struct amax_rule {
 };
 
 // OCP MX: the E8M0 scale code from the block's amax, elements divided by it exactly.
-template <class FT, class PT>
-struct mx_rule {
+template <class FT, class PT> struct mx_rule {
   using scale_type = std::uint8_t;
   struct group {
     std::uint32_t code;
@@ -261,13 +271,11 @@ struct mx_rule {
   target t;
   FT ft;
   PT pt;
-  int emax;  // of the element format (target::emax)
+  int emax; // of the element format (target::emax)
   __device__ group begin(std::uint32_t amax_bits) const {
     return {quant_ops::mx_scale_code(amax_bits, emax)};
   }
-  __device__ std::uint8_t stored(const group& g) const {
-    return static_cast<std::uint8_t>(g.code);
-  }
+  __device__ std::uint8_t stored(const group& g) const { return static_cast<std::uint8_t>(g.code); }
   __device__ std::uint32_t element(const group& g, float x, std::uint32_t rbits) const {
     return quant_ops::mx_element(t, ft, pt, x, g.code, rbits);
   }
@@ -286,8 +294,10 @@ void with_kernel_types(dtype in, dtype code, const target& t, const emu::policy&
           detail::dispatch_policy(pol, [&](auto pt) { fn(in_tag, code_tag, ft, pt); });
         };
         if constexpr (std::is_same_v<decltype(ft), detail::runtime_format>) {
-          if (code == dtype::int8) return with_code(std::int8_t{});
-          if (code == dtype::uint16) return with_code(std::uint16_t{});
+          if (code == dtype::int8)
+            return with_code(std::int8_t{});
+          if (code == dtype::uint16)
+            return with_code(std::uint16_t{});
         }
         with_code(std::uint8_t{});
       });
@@ -297,28 +307,29 @@ void with_kernel_types(dtype in, dtype code, const target& t, const emu::policy&
 
 // How quantize() runs a problem: which kernels, in which order.
 enum class schedule : std::uint8_t {
-  given_scale,  // the cast with the caller's scale
-  history,      // delayed scaling: the scale from the history, then the cast fused with the amax
-  tensor,       // the amax kernel's block maxima -> tensor_scale_kernel -> the cast
-  columns,      // per-column amax -> scale_kernel -> the cast (transposed or not); also the single
-                // scale of an empty tensor
-  groups,       // one pass per group (group_pass.cuh), or an empty input's scales alone
+  given_scale, // the cast with the caller's scale
+  history,     // delayed scaling: the scale from the history, then the cast fused with the amax
+  tensor,      // the amax kernel's block maxima -> tensor_scale_kernel -> the cast
+  columns,     // per-column amax -> scale_kernel -> the cast (transposed or not); also the single
+               // scale of an empty tensor
+  groups,      // one pass per group (group_pass.cuh), or an empty input's scales alone
 };
 
 schedule schedule_of(const quant_problem& p) {
-  if (p.src == scale_source::given) return schedule::given_scale;
-  if (p.src == scale_source::history) return schedule::history;
+  if (p.src == scale_source::given)
+    return schedule::given_scale;
+  if (p.src == scale_source::history)
+    return schedule::history;
   switch (p.g.k) {
-    case grouping::kind::tensor:
-      return p.xm.rows * p.xm.cols != 0 ? schedule::tensor : schedule::columns;
-    case grouping::kind::columns: return schedule::columns;
-    default: return schedule::groups;
+  case grouping::kind::tensor:
+    return p.xm.rows * p.xm.cols != 0 ? schedule::tensor : schedule::columns;
+  case grouping::kind::columns: return schedule::columns;
+  default: return schedule::groups;
   }
 }
 
 // The launches of each schedule for one set of kernel types (with_kernel_types).
-template <class In, class Code, class FT, class PT>
-struct quantize_launch {
+template <class In, class Code, class FT, class PT> struct quantize_launch {
   const quant_problem& p;
   FT ft;
   PT pt;
@@ -349,7 +360,8 @@ struct quantize_launch {
     history_kernel<<<1, 32, 0, stream>>>(hist, static_cast<int>(p.scale_in.numel()), p.reduce,
                                          scales(), p.target_max, p.sc);
     check_launch("history_kernel");
-    if (m() * n() == 0) return;
+    if (m() * n() == 0)
+      return;
     cast_amax_kernel<<<grid_2d_for(n(), m(), threads), threads, 0, stream>>>(
         x(), m(), n(), p.xm.row_stride, codes(), p.cm.row_stride, p.t, ft, pt, scales(),
         reinterpret_cast<std::uint32_t*>(hist), p.rng);
@@ -383,14 +395,15 @@ struct quantize_launch {
     const std::int64_t groups = cols ? n() : 1;
     scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
     LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
-    if (m() * n() != 0) {  // columns (an empty tensor only needs its scale)
+    if (m() * n() != 0) { // columns (an empty tensor only needs its scale)
       const auto gx = static_cast<unsigned>((n() + 31) / 32);
       amax_columns_kernel<<<dim3(gx, grid_rows_for((m() + 7) / 8, gx)), dim3(32, 8), 0, stream>>>(
           x(), m(), n(), p.xm.row_stride, amax.as<std::uint32_t>());
       check_launch("amax_columns_kernel");
     }
     group_scales(amax.as<std::uint32_t>(), q.as<float>(), groups);
-    if (m() * n() == 0) return;  // an empty tensor's scale only
+    if (m() * n() == 0)
+      return; // an empty tensor's scale only
     if (p.transpose) {
       const std::int64_t tiles = ((m() + 31) / 32) * ((n() + 31) / 32);
       cast_transpose_kernel<<<grid_for(tiles * threads, threads), dim3(32, 8), 0, stream>>>(
@@ -399,8 +412,8 @@ struct quantize_launch {
       check_launch("cast_transpose_kernel");
     } else {
       launch_map(x(), p.xm.row_stride, codes(), p.cm.row_stride, m(), n(),
-                 column_op<FT, PT, Code>{p.t, ft, pt, q.as<const float>()}, pt.stochastic(),
-                 p.rng, stream);
+                 column_op<FT, PT, Code>{p.t, ft, pt, q.as<const float>()}, pt.stochastic(), p.rng,
+                 stream);
     }
   }
 
@@ -408,7 +421,8 @@ struct quantize_launch {
     if (m() * n() == 0) {
       // Groups without elements still get their scale: amax 0 gives d = 1.
       const std::int64_t groups = p.g.scale_rows(m()) * p.g.scale_cols(n());
-      if (groups == 0) return;
+      if (groups == 0)
+        return;
       scratch amax(sizeof(std::uint32_t) * groups, stream), q(sizeof(float) * groups, stream);
       LOWBIT_CUDA_CHECK(
           cudaMemsetAsync(amax.as<void>(), 0, sizeof(std::uint32_t) * groups, stream));
@@ -424,38 +438,39 @@ struct quantize_launch {
 
   void run(schedule s) const {
     switch (s) {
-      case schedule::given_scale: return given_scale();
-      case schedule::history: return history();
-      case schedule::tensor: return tensor();
-      case schedule::columns: return columns();
-      case schedule::groups: return groups();
+    case schedule::given_scale: return given_scale();
+    case schedule::history: return history();
+    case schedule::tensor: return tensor();
+    case schedule::columns: return columns();
+    case schedule::groups: return groups();
     }
   }
 };
 
-}  // namespace
+} // namespace
 
 void quantize(const quant_problem& p, const exec& ex) {
   const schedule s = schedule_of(p);
-  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol,
-                    [&](auto in_tag, auto code_tag, auto ft, auto pt) {
-                      quantize_launch<decltype(in_tag), decltype(code_tag), decltype(ft),
-                                      decltype(pt)>{p, ft, pt, stream_of(ex)}
-                          .run(s);
-                    });
+  with_kernel_types(
+      p.x.type, p.codes.type, p.t, p.pol, [&](auto in_tag, auto code_tag, auto ft, auto pt) {
+        quantize_launch<decltype(in_tag), decltype(code_tag), decltype(ft), decltype(pt)>{
+            p, ft, pt, stream_of(ex)}
+            .run(s);
+      });
 }
 
 void quantize_mx(const mx_problem& p, const exec& ex) {
-  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol, [&](auto in_tag, auto code_tag, auto ft,
-                                                            auto pt) {
-    using In = decltype(in_tag);
-    using Code = decltype(code_tag);
-    if constexpr (!std::is_same_v<Code, std::uint16_t>) {
-      launch_groups(p.x.ptr<const In>(), p.xm, p.codes.ptr<Code>(), p.cm,
-                    p.scales.ptr<std::uint8_t>(), 1, p.block,
-                    mx_rule<decltype(ft), decltype(pt)>{p.t, ft, pt, p.t.emax()}, p.rng, stream_of(ex));
-    }
-  });
+  with_kernel_types(p.x.type, p.codes.type, p.t, p.pol,
+                    [&](auto in_tag, auto code_tag, auto ft, auto pt) {
+                      using In = decltype(in_tag);
+                      using Code = decltype(code_tag);
+                      if constexpr (!std::is_same_v<Code, std::uint16_t>) {
+                        launch_groups(p.x.ptr<const In>(), p.xm, p.codes.ptr<Code>(), p.cm,
+                                      p.scales.ptr<std::uint8_t>(), 1, p.block,
+                                      mx_rule<decltype(ft), decltype(pt)>{p.t, ft, pt, p.t.emax()},
+                                      p.rng, stream_of(ex));
+                      }
+                    });
 }
 
 namespace {
@@ -465,20 +480,20 @@ namespace {
 // then advances as c crosses multiples of tc. tc = 1 for columns, the block or tile width for
 // blocks and tiles, and "never" (INT64_MAX) for tensor and rows.
 struct scale_layout {
-  std::int64_t tr;          // rows per scale row (1, or the tile height, or INT64_MAX for tensor)
-  std::int64_t tc;          // columns per scale
-  std::int64_t scale_cols;  // scales per scale row
+  std::int64_t tr;         // rows per scale row (1, or the tile height, or INT64_MAX for tensor)
+  std::int64_t tc;         // columns per scale
+  std::int64_t scale_cols; // scales per scale row
   __device__ std::int64_t row_base(std::int64_t r) const { return (r / tr) * scale_cols; }
 };
 
 scale_layout layout_of(const grouping& g, std::int64_t n) {
   constexpr std::int64_t never = INT64_MAX;
   switch (g.k) {
-    case grouping::kind::tensor: return {never, never, 1};
-    case grouping::kind::rows: return {1, never, 1};
-    case grouping::kind::columns: return {never, 1, n};
-    case grouping::kind::blocks: return {1, g.tile_cols, g.scale_cols(n)};
-    case grouping::kind::tiles: return {g.tile_rows, g.tile_cols, g.scale_cols(n)};
+  case grouping::kind::tensor: return {never, never, 1};
+  case grouping::kind::rows: return {1, never, 1};
+  case grouping::kind::columns: return {never, 1, n};
+  case grouping::kind::blocks: return {1, g.tile_cols, g.scale_cols(n)};
+  case grouping::kind::tiles: return {g.tile_rows, g.tile_cols, g.scale_cols(n)};
   }
   return {never, never, 1};
 }
@@ -521,7 +536,8 @@ __global__ void __launch_bounds__(threads)
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        if (c0 + e < cols) dst[e] = value(static_cast<std::uint32_t>(src[e]), scales[base + g]);
+        if (c0 + e < cols)
+          dst[e] = value(static_cast<std::uint32_t>(src[e]), scales[base + g]);
         if (++rem == lay.tc) {
           rem = 0;
           ++g;
@@ -535,16 +551,17 @@ template <bool MX, class Scale>
 void launch_dequant(const dequant_problem& p, const Scale* scales, const scale_layout& lay,
                     cudaStream_t stream) {
   const std::int64_t m = p.cm.rows, n = p.cm.cols;
-  if (m * n == 0) return;
-  const dim3 grid = grid_2d_for((n + 7) / 8, m, threads);  // a thread per 8 elements
+  if (m * n == 0)
+    return;
+  const dim3 grid = grid_2d_for((n + 7) / 8, m, threads); // a thread per 8 elements
   const auto run = [&](auto code_tag, auto ft) {
     using Code = decltype(code_tag);
     const bool vector = p.cm.row_stride % 8 == 0 && p.om.row_stride % 4 == 0 &&
                         aligned_to<Code>(p.codes.ptr<const Code>(), sizeof(Code) * 8) &&
                         aligned_to<float>(p.out.ptr<float>(), 16);
-    dequant_kernel<MX><<<grid, threads, 0, stream>>>(
-        p.codes.ptr<const Code>(), p.cm.row_stride, p.out.ptr<float>(), p.om.row_stride, m, n,
-        scales, lay, p.t, ft, vector);
+    dequant_kernel<MX><<<grid, threads, 0, stream>>>(p.codes.ptr<const Code>(), p.cm.row_stride,
+                                                     p.out.ptr<float>(), p.om.row_stride, m, n,
+                                                     scales, lay, p.t, ft, vector);
     check_launch("dequant_kernel");
   };
   const auto with_format = [&](auto code_tag) {
@@ -554,12 +571,14 @@ void launch_dequant(const dequant_problem& p, const Scale* scales, const scale_l
       detail::dispatch_target(p.t, [&](auto ft) { run(code_tag, ft); });
     }
   };
-  if (p.codes.type == dtype::int8) return with_format(std::int8_t{});
-  if (p.codes.type == dtype::uint16) return with_format(std::uint16_t{});
+  if (p.codes.type == dtype::int8)
+    return with_format(std::int8_t{});
+  if (p.codes.type == dtype::uint16)
+    return with_format(std::uint16_t{});
   with_format(std::uint8_t{});
 }
 
-}  // namespace
+} // namespace
 
 void dequantize(const dequant_problem& p, const exec& ex) {
   launch_dequant<false>(p, p.scales.ptr<const float>(), layout_of(p.g, p.cm.cols), stream_of(ex));
@@ -571,4 +590,4 @@ void dequantize_mx(const dequant_problem& p, const exec& ex) {
                        stream_of(ex));
 }
 
-}  // namespace lowbit::kernels::cuda
+} // namespace lowbit::kernels::cuda

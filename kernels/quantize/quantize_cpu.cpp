@@ -20,8 +20,7 @@ struct rect {
   std::int64_t size() const { return (r1 - r0) * (c1 - c0); }
 };
 
-template <class In, class Code, class FT, class PT>
-struct quantizer {
+template <class In, class Code, class FT, class PT> struct quantizer {
   const quant_problem& p;
   FT ft;
   PT pt;
@@ -35,7 +34,8 @@ struct quantizer {
   std::uint32_t amax_bits(const rect& g) const {
     std::uint32_t m = 0;
     for (std::int64_t r = g.r0; r < g.r1; ++r)
-      for (std::int64_t c = g.c0; c < g.c1; ++c) m = std::max(m, abs_bits(load(r, c)));
+      for (std::int64_t c = g.c0; c < g.c1; ++c)
+        m = std::max(m, abs_bits(load(r, c)));
     return m;
   }
 
@@ -76,7 +76,9 @@ struct quantizer {
     const std::int64_t n = p.xm.cols;
     parallel_for(
         p.xm.rows, ex.threads,
-        [&](std::int64_t b, std::int64_t e) { cast({b, e, 0, n}, q); },
+        [&](std::int64_t b, std::int64_t e) {
+          cast({b, e, 0, n}, q);
+        },
         std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
   }
 
@@ -84,60 +86,63 @@ struct quantizer {
     const std::int64_t m = p.xm.rows, n = p.xm.cols;
     float* scales = p.scales.template ptr<float>();
     switch (p.src) {
-      case scale_source::given: {
-        cast_rows(p.scale_in.template ptr<const float>()[0], ex);
-        return;
-      }
-      case scale_source::history: {
-        float* hist = p.scale_in.template ptr<float>();
-        const std::int64_t h = p.scale_in.numel();
-        std::uint32_t used = abs_bits(hist[0]);
-        if (p.reduce == history_reduce::max)
-          for (std::int64_t k = 1; k < h; ++k) used = std::max(used, abs_bits(hist[k]));
-        const auto s = scale(used);
-        scales[0] = s.q;
-        scales[1] = s.d;
-        cast_rows(s.q, ex);
-        const std::uint32_t now = tensor_amax(ex);
-        for (std::int64_t k = h - 1; k > 0; --k) hist[k] = hist[k - 1];
-        hist[0] = quant_ops::bit_cast<float>(now);
-        return;
-      }
-      case scale_source::amax: break;
+    case scale_source::given: {
+      cast_rows(p.scale_in.template ptr<const float>()[0], ex);
+      return;
+    }
+    case scale_source::history: {
+      float* hist = p.scale_in.template ptr<float>();
+      const std::int64_t h = p.scale_in.numel();
+      std::uint32_t used = abs_bits(hist[0]);
+      if (p.reduce == history_reduce::max)
+        for (std::int64_t k = 1; k < h; ++k)
+          used = std::max(used, abs_bits(hist[k]));
+      const auto s = scale(used);
+      scales[0] = s.q;
+      scales[1] = s.d;
+      cast_rows(s.q, ex);
+      const std::uint32_t now = tensor_amax(ex);
+      for (std::int64_t k = h - 1; k > 0; --k)
+        hist[k] = hist[k - 1];
+      hist[0] = quant_ops::bit_cast<float>(now);
+      return;
+    }
+    case scale_source::amax: break;
     }
     switch (p.g.k) {
-      case grouping::kind::tensor: {
-        const auto s = scale(tensor_amax(ex));
-        scales[0] = s.d;
-        cast_rows(s.q, ex);
-        return;
-      }
-      case grouping::kind::columns: {
-        std::vector<float> q(static_cast<std::size_t>(n));
-        parallel_for(
-            n, ex.threads,
-            [&](std::int64_t b, std::int64_t e) {
-              for (std::int64_t c = b; c < e; ++c) {
-                const auto s = scale(amax_bits({0, m, c, c + 1}));
-                q[static_cast<std::size_t>(c)] = s.q;
-                scales[c] = s.d;
-              }
-            },
-            std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(m, 1)));
-        parallel_for(
-            m, ex.threads,
-            [&](std::int64_t b, std::int64_t e) {
-              for (std::int64_t c = 0; c < n; ++c) cast({b, e, c, c + 1}, q[static_cast<std::size_t>(c)]);
-            },
-            std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
-        return;
-      }
-      default: break;
+    case grouping::kind::tensor: {
+      const auto s = scale(tensor_amax(ex));
+      scales[0] = s.d;
+      cast_rows(s.q, ex);
+      return;
+    }
+    case grouping::kind::columns: {
+      std::vector<float> q(static_cast<std::size_t>(n));
+      parallel_for(
+          n, ex.threads,
+          [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t c = b; c < e; ++c) {
+              const auto s = scale(amax_bits({0, m, c, c + 1}));
+              q[static_cast<std::size_t>(c)] = s.q;
+              scales[c] = s.d;
+            }
+          },
+          std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(m, 1)));
+      parallel_for(
+          m, ex.threads,
+          [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t c = 0; c < n; ++c)
+              cast({b, e, c, c + 1}, q[static_cast<std::size_t>(c)]);
+          },
+          std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
+      return;
+    }
+    default: break;
     }
     // rows, blocks, tiles: independent rectangles.
     const std::int64_t gr = p.g.k == grouping::kind::tiles ? p.g.tile_rows : 1;
-    const std::int64_t gc = p.g.k == grouping::kind::rows ? std::max<std::int64_t>(n, 1)
-                                                          : p.g.tile_cols;
+    const std::int64_t gc =
+        p.g.k == grouping::kind::rows ? std::max<std::int64_t>(n, 1) : p.g.tile_cols;
     const std::int64_t sr = p.g.scale_rows(m), sc = p.g.scale_cols(n);
     parallel_for(
         sr * sc, ex.threads,
@@ -155,18 +160,17 @@ struct quantizer {
 };
 
 // Calls fn(input tag, code type tag) for the dtypes of a quantization call.
-template <class Fn>
-void with_types(dtype in, dtype code, Fn&& fn) {
+template <class Fn> void with_types(dtype in, dtype code, Fn&& fn) {
   element_ops::dispatch_input(in, [&](auto in_tag) {
     switch (code) {
-      case dtype::int8: return fn(in_tag, std::int8_t{});
-      case dtype::uint16: return fn(in_tag, std::uint16_t{});
-      default: return fn(in_tag, std::uint8_t{});
+    case dtype::int8: return fn(in_tag, std::int8_t{});
+    case dtype::uint16: return fn(in_tag, std::uint16_t{});
+    default: return fn(in_tag, std::uint8_t{});
     }
   });
 }
 
-}  // namespace
+} // namespace
 
 void quantize(const quant_problem& p, const exec& ex) {
   with_types(p.x.type, p.codes.type, [&](auto in_tag, auto code_tag) {
@@ -202,9 +206,9 @@ void dequantize_each(const dequant_problem& p, const exec& ex, const Value& valu
         std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(n, 1)));
   };
   switch (p.codes.type) {
-    case dtype::int8: return body(std::int8_t{});
-    case dtype::uint16: return body(std::uint16_t{});
-    default: return body(std::uint8_t{});
+  case dtype::int8: return body(std::int8_t{});
+  case dtype::uint16: return body(std::uint16_t{});
+  default: return body(std::uint8_t{});
   }
 }
 
@@ -238,8 +242,8 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
                     const std::int64_t c0 = j * k, c1 = std::min(n, c0 + k);
                     std::uint32_t amax = 0;
                     for (std::int64_t c = c0; c < c1; ++c)
-                      amax = std::max(amax, quant_ops::abs_bits(
-                                                element_ops::load(x[r * p.xm.row_stride + c])));
+                      amax = std::max(
+                          amax, quant_ops::abs_bits(element_ops::load(x[r * p.xm.row_stride + c])));
                     const std::uint32_t sc = quant_ops::mx_scale_code(amax, emax);
                     scales[r * nb + j] = static_cast<std::uint8_t>(sc);
                     for (std::int64_t c = c0; c < c1; ++c) {
@@ -258,7 +262,8 @@ void quantize_mx(const mx_problem& p, const exec& ex) {
   // MX codes are single bytes (the host API admits only the OCP element formats), so every
   // admitted call reaches one of these two code types; none is skipped.
   element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
-    if (p.codes.type == dtype::int8) return body(in_tag, std::int8_t{});
+    if (p.codes.type == dtype::int8)
+      return body(in_tag, std::int8_t{});
     return body(in_tag, std::uint8_t{});
   });
 }
@@ -271,4 +276,4 @@ void dequantize_mx(const dequant_problem& p, const exec& ex) {
   });
 }
 
-}  // namespace lowbit::kernels::cpu
+} // namespace lowbit::kernels::cpu

@@ -9,14 +9,14 @@
 namespace lowbit::kernels {
 
 enum class scale_source : std::uint8_t {
-  amax,     // from each group's amax (quantize)
-  given,    // q = scale_in[0] for the whole tensor (cast_scaled)
-  history,  // from the amax history (quantize_delayed); scales receives {q, d}
+  amax,    // from each group's amax (quantize)
+  given,   // q = scale_in[0] for the whole tensor (cast_scaled)
+  history, // from the amax history (quantize_delayed); scales receives {q, d}
 };
 
 struct quant_problem {
   tensor_view x, codes, scales;
-  matrix_shape xm, cm;  // cm is N x M when transposed
+  matrix_shape xm, cm; // cm is N x M when transposed
   target t;
   grouping g;
   emu::policy pol;
@@ -25,7 +25,7 @@ struct quant_problem {
   bool transpose = false;
   float target_max = 0.0f;
   scale_source src = scale_source::amax;
-  tensor_view scale_in;  // given: [q]; history: the amax history
+  tensor_view scale_in; // given: [q]; history: the amax history
   history_reduce reduce = history_reduce::max;
 };
 
@@ -34,7 +34,7 @@ struct dequant_problem {
   matrix_shape cm, om;
   target t;
   grouping g;
-  std::int64_t block = 32;  // MX
+  std::int64_t block = 32; // MX
 };
 
 struct mx_problem {
@@ -52,11 +52,11 @@ struct group_index {
   std::int64_t tr, tc, scale_cols;
   LOWBIT_HD std::int64_t operator()(std::int64_t r, std::int64_t c) const {
     switch (k) {
-      case grouping::kind::tensor: return 0;
-      case grouping::kind::rows: return r;
-      case grouping::kind::columns: return c;
-      case grouping::kind::blocks: return r * scale_cols + c / tc;
-      case grouping::kind::tiles: return (r / tr) * scale_cols + c / tc;
+    case grouping::kind::tensor: return 0;
+    case grouping::kind::rows: return r;
+    case grouping::kind::columns: return c;
+    case grouping::kind::blocks: return r * scale_cols + c / tc;
+    case grouping::kind::tiles: return (r / tr) * scale_cols + c / tc;
     }
     return 0;
   }
@@ -71,13 +71,13 @@ void quantize(const quant_problem& p, const exec& ex);
 void dequantize(const dequant_problem& p, const exec& ex);
 void quantize_mx(const mx_problem& p, const exec& ex);
 void dequantize_mx(const dequant_problem& p, const exec& ex);
-}  // namespace cpu
+} // namespace cpu
 
 namespace cuda {
 void quantize(const quant_problem& p, const exec& ex);
 void dequantize(const dequant_problem& p, const exec& ex);
 void quantize_mx(const mx_problem& p, const exec& ex);
 void dequantize_mx(const dequant_problem& p, const exec& ex);
-}  // namespace cuda
+} // namespace cuda
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -25,35 +25,38 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t abs_bits(float x) {
 // floor(log2(amax)) for finite amax > 0.
 LOWBIT_HD LOWBIT_INLINE constexpr int floor_log2(std::uint32_t amax_bits) {
   const int field = static_cast<int>(amax_bits >> 23);
-  if (field != 0) return field - 127;
+  if (field != 0)
+    return field - 127;
   return emu::detail::bit_width(amax_bits) - 1 - 149;
 }
 
 struct group_scale {
-  float q;  // quantization multiplier
-  float d;  // dequantization factor, stored per group
+  float q; // quantization multiplier
+  float d; // dequantization factor, stored per group
 };
 
-LOWBIT_HD LOWBIT_INLINE constexpr float pow2f(int k) {  // 2^k, k in [-126, 127]
+LOWBIT_HD LOWBIT_INLINE constexpr float pow2f(int k) { // 2^k, k in [-126, 127]
   return bit_cast<float>(static_cast<std::uint32_t>(k + 127) << 23);
 }
 
 // The 24-bit significand of a finite positive float, leading one at bit 23 (subnormals
 // normalized), so that two floats' significands compare like their values at equal exponents.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t significand(std::uint32_t bits) {
-  if (bits >= 0x00800000u) return (bits & 0x007FFFFFu) | 0x00800000u;
+  if (bits >= 0x00800000u)
+    return (bits & 0x007FFFFFu) | 0x00800000u;
   return bits << (24 - emu::detail::bit_width(bits));
 }
 
 // The scale rule of quantize.hpp. target_max is float(max_value()).
 LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, float target_max,
-                                                     scaling sc) {
+                                                    scaling sc) {
   constexpr float flt_max = 3.40282347e38f;
   if (amax_bits >= 0x7F800000u) {
     const float nan = bit_cast<float>(0x7FC00000u);
     return {nan, nan};
   }
-  if (amax_bits == 0) return {1.0f, 1.0f};
+  if (amax_bits == 0)
+    return {1.0f, 1.0f};
   const float amax = bit_cast<float>(amax_bits);
   if (sc.pow2) {
     // q = 2^(floor(log2(max / amax)) - margin), computed exactly from the two significands
@@ -63,12 +66,13 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
     int k = k0 - (significand(tb) < significand(amax_bits) ? 1 : 0) - sc.margin;
     k = k < -126 ? -126 : (k > 127 ? 127 : k);
     const float q = pow2f(k);
-    return {q, 1.0f / q};  // exact: q is a power of two
+    return {q, 1.0f / q}; // exact: q is a power of two
   }
   // margin within [-126, 126] (checked by the host API) keeps 2^margin a normal float.
   const float shrink = pow2f(-sc.margin), grow = pow2f(sc.margin);
   float q = target_max / amax * shrink;
-  if (q > flt_max) q = flt_max;  // amax so small that max/amax overflows
+  if (q > flt_max)
+    q = flt_max; // amax so small that max/amax overflows
   return {q, amax / target_max * grow};
 }
 
@@ -80,11 +84,11 @@ LOWBIT_HD LOWBIT_INLINE group_scale scale_from_amax(std::uint32_t amax_bits, flo
 // taken as +-FLT_MAX, which every target overflows from in the same direction as from the exact
 // product (so toward-zero roundings still give +-max, as for the exact value). Nearest roundings
 // and integer targets treat +-Inf and +-FLT_MAX alike, so they skip that step (FixOverflow false).
-template <bool FixOverflow = true>
-LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
+template <bool FixOverflow = true> LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
   const float y = x * q;
   if (y != y) {
-    const std::uint32_t sign = (bit_cast<std::uint32_t>(x) ^ bit_cast<std::uint32_t>(q)) & 0x80000000u;
+    const std::uint32_t sign =
+        (bit_cast<std::uint32_t>(x) ^ bit_cast<std::uint32_t>(q)) & 0x80000000u;
     return bit_cast<float>(q != q ? 0x7FC00000u : (0x7FC00000u | sign));
   }
   if constexpr (FixOverflow) {
@@ -99,19 +103,23 @@ LOWBIT_HD LOWBIT_INLINE float scaled(float x, float q) {
 // Whether a (format, policy) pair needs scaled()'s finite-overflow step.
 template <class FormatTag, class PolicyTag>
 inline constexpr bool needs_overflow_fix = [] {
-  if constexpr (detail::is_fixed_int<FormatTag>) return false;
+  if constexpr (detail::is_fixed_int<FormatTag>)
+    return false;
   else if constexpr (PolicyTag::fixed)
     return PolicyTag::mode != emu::rounding::nearest_even &&
            PolicyTag::mode != emu::rounding::nearest_away;
-  else return true;
+  else
+    return true;
 }();
 
 // Whether encode(x * q) may take emu's symmetric nearest-even encoder directly (see below).
 template <class FormatTag, class PolicyTag>
 inline constexpr bool symmetric_rne = [] {
-  if constexpr (detail::is_fixed_int<FormatTag> || !FormatTag::fixed || !PolicyTag::fixed) return false;
-  else return PolicyTag::mode == emu::rounding::nearest_even &&
-              emu::detail::rne_symmetric(FormatTag::get());
+  if constexpr (detail::is_fixed_int<FormatTag> || !FormatTag::fixed || !PolicyTag::fixed)
+    return false;
+  else
+    return PolicyTag::mode == emu::rounding::nearest_even &&
+           emu::detail::rne_symmetric(FormatTag::get());
 }();
 
 // One element: encode(x * q) as the target's code (integers in two's complement, low bits).
@@ -119,15 +127,16 @@ inline constexpr bool symmetric_rne = [] {
 // nearest-even encoder takes |x * q| = |x| * |q| and the sign of x XOR q (none under a NaN
 // scale), which is scaled()'s rule for NaNs too: the same bits with no per-element NaN test.
 template <class FormatTag, class PolicyTag>
-LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft,
-                                                       PolicyTag pt, float x, float q,
-                                                       std::uint32_t rbits) {
+LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTag ft, PolicyTag pt,
+                                                       float x, float q, std::uint32_t rbits) {
   if constexpr (detail::is_fixed_int<FormatTag>) {
     if constexpr (PolicyTag::fixed)
-      return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), x * q, pt.get(), rbits)) & 0xFFu;
+      return static_cast<std::uint32_t>(emu::quantize_int(ft.get_int(), x * q, pt.get(), rbits)) &
+             0xFFu;
     else
       return static_cast<std::uint32_t>(
-                 detail::quantize_int_generic(ft.get_int(), x * q, pt.get(), rbits)) & 0xFFu;
+                 detail::quantize_int_generic(ft.get_int(), x * q, pt.get(), rbits)) &
+             0xFFu;
   } else if constexpr (symmetric_rne<FormatTag, PolicyTag>) {
     const auto enc = emu::detail::rne_encoder::make(ft.get(), pt.get());
     const std::uint32_t xb = bit_cast<std::uint32_t>(x), qb = bit_cast<std::uint32_t>(q);
@@ -137,7 +146,8 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTa
     return enc(ft.get(), bit_cast<std::uint32_t>(ax * aq), (xb ^ qb) & sign_mask);
   } else {
     if (t.is_int)
-      return static_cast<std::uint32_t>(detail::quantize_int_generic(t.ifmt, x * q, pt.get(), rbits)) &
+      return static_cast<std::uint32_t>(
+                 detail::quantize_int_generic(t.ifmt, x * q, pt.get(), rbits)) &
              0xFFu;
     const float y = scaled<needs_overflow_fix<FormatTag, PolicyTag>>(x, q);
     return detail::encode(ft, pt, y, rbits);
@@ -146,8 +156,10 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t quantize_element(const target& t, FormatTa
 
 // Dequantized value v * d with the same NaN rule (a NaN code keeps its sign).
 LOWBIT_HD LOWBIT_INLINE float descaled(float v, float d) {
-  if (v != v) return v;
-  if (d != d) return bit_cast<float>(0x7FC00000u);
+  if (v != v)
+    return v;
+  if (d != d)
+    return bit_cast<float>(0x7FC00000u);
   return v * d;
 }
 
@@ -191,8 +203,9 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t mx_scale_code(std::uint32_t amax
 // Element code of x / 2^s: dividing by a power of two is the same as encoding x into the format
 // with bias lowered by s, which keeps the division exact (no float underflow) at no cost.
 template <class FormatTag, class PolicyTag>
-LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, PolicyTag pt, float x,
-                                                 std::uint32_t scale_code, std::uint32_t rbits) {
+LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, PolicyTag pt,
+                                                 float x, std::uint32_t scale_code,
+                                                 std::uint32_t rbits) {
   if constexpr (FormatTag::fixed && PolicyTag::fixed && !detail::is_fixed_int<FormatTag>) {
     if constexpr (emu::detail::rne_short_path(FormatTag::get())) {
       // Nearest-even into a format whose subnormals stop at 2^-125: x * 2^-s in float is exact
@@ -209,7 +222,8 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, 
   // The format tag settles whether the target is an integer where it is fixed.
   const bool is_int = detail::is_fixed_int<FormatTag> || (!FormatTag::fixed && t.is_int);
   if (scale_code == 0xFFu) {
-    if (is_int) return 0u;
+    if (is_int)
+      return 0u;
     return emu::nan_code(t.fmt, false, pt.get());
   }
   const int s = static_cast<int>(scale_code) - 127;
@@ -229,9 +243,11 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, 
 }
 
 LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t code,
-                                       std::uint32_t scale_code) {
-  if (scale_code == 0xFFu) return bit_cast<float>(0x7FC00000u);
-  if (!t.is_int && emu::is_nan_code(t.fmt, code)) return emu::decode<float>(t.fmt, code);
+                                                  std::uint32_t scale_code) {
+  if (scale_code == 0xFFu)
+    return bit_cast<float>(0x7FC00000u);
+  if (!t.is_int && emu::is_nan_code(t.fmt, code))
+    return emu::decode<float>(t.fmt, code);
   const int s = static_cast<int>(scale_code) - 127;
   if (t.is_int) {
     const double v = static_cast<double>(static_cast<std::int8_t>(static_cast<std::uint8_t>(code)));
@@ -240,4 +256,4 @@ LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t
   return static_cast<float>(emu::decode<double>(t.fmt, code) * emu::detail::pow2<double>(s));
 }
 
-}  // namespace lowbit::kernels::quant_ops
+} // namespace lowbit::kernels::quant_ops

@@ -32,7 +32,8 @@ void fill(mirrored& in, dtype t, std::int64_t n, std::uint64_t seed, bool specia
   std::normal_distribution<float> nd;
   int run_exp = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    if (i % 64 == 0) run_exp = static_cast<int>(g() % 260) - 140;
+    if (i % 64 == 0)
+      run_exp = static_cast<int>(g() % 260) - 140;
     float v = nd(g) * std::ldexp(1.0f, wide ? run_exp : static_cast<int>(g() % 40) - 20);
     const auto k = g() % 100;
     if (k < 5)
@@ -143,11 +144,12 @@ TEST(gpu_vs_cpu, sram_quantiles_tied_high_bits) {
   EXPECT_TRUE(rc::check("gpu_vs_cpu.sram_quantiles_tied_high_bits", [] {
     const std::int64_t n = *rc::gen::inRange<std::int64_t>(1, 1 << 18);
     const std::int64_t k = *rc::gen::element<std::int64_t>(256, 255, 17, 4096);
-    const int mode = *rc::gen::inRange(0, 4);  // repeats, near ties, crowded, all three + Gaussian
+    const int mode = *rc::gen::inRange(0, 4); // repeats, near ties, crowded, all three + Gaussian
     std::mt19937_64 g(*rc::gen::arbitrary<std::uint64_t>());
     std::normal_distribution<float> nd;
     std::vector<float> centres(*rc::gen::inRange(1, 500));
-    for (float& c : centres) c = nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 8) - 4);
+    for (float& c : centres)
+      c = nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 8) - 4);
     mirrored in(static_cast<std::size_t>(n) * 4);
     for (std::int64_t i = 0; i < n; ++i) {
       const int m = mode == 3 ? static_cast<int>(g() % 4) : mode;
@@ -162,7 +164,8 @@ TEST(gpu_vs_cpu, sram_quantiles_tied_high_bits) {
     in.push();
     mirrored out(static_cast<std::size_t>(k) * 4);
     for (bool gpu : {false, true})
-      kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n), out.flat(gpu, dtype::float32, k));
+      kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n),
+                                  out.flat(gpu, dtype::float32, k));
     RC_ASSERT(same_bytes(out.host, out.pull(), "quantile estimates"));
   }));
 }
@@ -180,8 +183,7 @@ TEST(gpu_vs_cpu, sram_quantiles_group_order) {
   in.push();
   mirrored out(static_cast<std::size_t>(k) * 4);
   for (bool gpu : {false, true})
-    kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n),
-                                out.flat(gpu, dtype::float32, k));
+    kernels::estimate_quantiles(in.flat(gpu, dtype::float32, n), out.flat(gpu, dtype::float32, k));
   EXPECT_TRUE(same_bytes(out.host, out.pull(), "quantile estimates"));
   const float want = static_cast<float>(1.0 / static_cast<double>(n));
   for (std::int64_t i = 0; i < k; ++i) {

@@ -13,21 +13,22 @@
 
 #include <lowbit/kernels/tensor.hpp>
 
-#define LOWBIT_REQUIRE_GPU()                                                       \
-  do {                                                                             \
-    if (!::lowbit::kernels::cuda_available())                                      \
-      GTEST_SKIP() << "no CUDA device (or a build without CUDA): GPU test skipped"; \
+#define LOWBIT_REQUIRE_GPU()                                                                       \
+  do {                                                                                             \
+    if (!::lowbit::kernels::cuda_available())                                                      \
+      GTEST_SKIP() << "no CUDA device (or a build without CUDA): GPU test skipped";                \
   } while (0)
 
 namespace lowbit::gpu_test {
 
 inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 // Untyped device allocation with host round trips; `pad` extra bytes allow misaligned views.
 class device_buffer {
- public:
+public:
   explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
     cuda_ok(cudaMalloc(&p_, bytes_ == 0 ? 1 : bytes_), "cudaMalloc");
   }
@@ -45,7 +46,7 @@ class device_buffer {
   }
   void fill(int byte) { cuda_ok(cudaMemset(p_, byte, bytes_), "memset"); }
 
- private:
+private:
   void* p_ = nullptr;
   std::size_t bytes_;
 };
@@ -91,13 +92,14 @@ struct mirrored {
 inline ::testing::AssertionResult same_bytes(const std::vector<unsigned char>& cpu,
                                              const std::vector<unsigned char>& gpu,
                                              const std::string& what) {
-  if (cpu.size() != gpu.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  if (cpu.size() != gpu.size())
+    return ::testing::AssertionFailure() << what << ": sizes differ";
   for (std::size_t i = 0; i < cpu.size(); ++i)
     if (cpu[i] != gpu[i])
       return ::testing::AssertionFailure()
-             << what << ": first difference at byte " << i << " (cpu 0x" << std::hex
-             << int(cpu[i]) << ", gpu 0x" << int(gpu[i]) << ")";
+             << what << ": first difference at byte " << i << " (cpu 0x" << std::hex << int(cpu[i])
+             << ", gpu 0x" << int(gpu[i]) << ")";
   return ::testing::AssertionSuccess();
 }
 
-}  // namespace lowbit::gpu_test
+} // namespace lowbit::gpu_test

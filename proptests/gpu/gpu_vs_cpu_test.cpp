@@ -24,17 +24,17 @@
 namespace {
 
 using namespace lowbit;
-using kernels::dtype;
 using gpu_test::mirrored;
 using gpu_test::same_bytes;
+using kernels::dtype;
 
 // ---- generated parameters ----------------------------------------------------------------------
 
 rc::Gen<emu::policy> any_policy() {
   return rc::gen::exec([] {
     emu::policy p;
-    p.round = *rc::gen::elementOf(std::vector<emu::rounding>(std::begin(emu::all_roundings),
-                                                             std::end(emu::all_roundings)));
+    p.round = *rc::gen::elementOf(
+        std::vector<emu::rounding>(std::begin(emu::all_roundings), std::end(emu::all_roundings)));
     p.over = *rc::gen::element(emu::overflow::saturate, emu::overflow::nonsaturating);
     p.sub = *rc::gen::element(emu::subnormals::keep, emu::subnormals::flush);
     p.nan = *rc::gen::element(emu::nan_sign::preserve, emu::nan_sign::positive);
@@ -51,10 +51,10 @@ rc::Gen<shape2> any_shape() {
   return rc::gen::exec([] {
     const int kind = *rc::gen::inRange(0, 10);
     shape2 s{};
-    if (kind == 0) {  // empty
+    if (kind == 0) { // empty
       s.rows = *rc::gen::inRange(0, 3);
       s.cols = s.rows == 0 ? *rc::gen::inRange(0, 9) : 0;
-    } else if (kind == 1) {  // long rows
+    } else if (kind == 1) { // long rows
       s.rows = *rc::gen::inRange(1, 4);
       s.cols = *rc::gen::inRange(2000, 9000);
     } else {
@@ -78,14 +78,15 @@ std::vector<float> awkward_values(std::size_t n, std::int64_t cols, std::uint64_
   for (std::size_t i = 0; i < n; ++i) {
     const int k = pick(g);
     float x = gauss(g) * row_scale;
-    if (k < 10) {  // a value of the target format, or a midpoint between two
+    if (k < 10) { // a value of the target format, or a midpoint between two
       const std::uint32_t c = static_cast<std::uint32_t>(g()) & near.mag_mask();
       const double a = emu::decode<double>(near, c), b = emu::decode<double>(near, c + 1);
       x = static_cast<float>((k & 1) && std::isfinite(b) ? (a + b) / 2 : a);
-      if (g() & 1) x = -x;
-    } else if (k < 12) {  // a quiet NaN of either sign with a random payload
-      const std::uint32_t bits = ((g() & 1) ? 0xFFC00000u : 0x7FC00000u) |
-                                 (static_cast<std::uint32_t>(g()) & 0x3FFFFFu);
+      if (g() & 1)
+        x = -x;
+    } else if (k < 12) { // a quiet NaN of either sign with a random payload
+      const std::uint32_t bits =
+          ((g() & 1) ? 0xFFC00000u : 0x7FC00000u) | (static_cast<std::uint32_t>(g()) & 0x3FFFFFu);
       std::memcpy(&x, &bits, 4);
     } else if (k < 14) {
       x = (g() & 1) ? std::numeric_limits<float>::infinity()
@@ -93,9 +94,9 @@ std::vector<float> awkward_values(std::size_t n, std::int64_t cols, std::uint64_
     } else if (k < 17) {
       x = (g() & 1) ? 0.0f : -0.0f;
     } else if (k < 19) {
-      x = std::ldexp(static_cast<float>(g() % 1000), -140);  // float subnormals
+      x = std::ldexp(static_cast<float>(g() % 1000), -140); // float subnormals
     } else if (k < 21) {
-      x *= 1e4f;  // outliers
+      x *= 1e4f; // outliers
     }
     v[i] = x;
   }
@@ -105,8 +106,10 @@ std::vector<float> awkward_values(std::size_t n, std::int64_t cols, std::uint64_
       const int k = pick(g);
       for (std::size_t c = 0; c < static_cast<std::size_t>(cols) && r * cols + c < n; ++c) {
         float& x = v[r * cols + c];
-        if (k < 15) x = 0.0f;
-        else if (k < 60 && !std::isfinite(x)) x = 1.0f;
+        if (k < 15)
+          x = 0.0f;
+        else if (k < 60 && !std::isfinite(x))
+          x = 1.0f;
       }
     }
   return v;
@@ -133,9 +136,11 @@ void store_input(mirrored& m, dtype t, const shape2& s, const std::vector<float>
 // Half of the time, rows of whole groups of k without padding or offset (kept nonempty): one
 // contiguous run of groups, which the GPU takes through its flat kernel when k is a power of two.
 shape2 whole_groups(shape2 s, std::int64_t k) {
-  if (s.rows == 0 || s.cols == 0 || *rc::gen::arbitrary<bool>()) return s;
+  if (s.rows == 0 || s.cols == 0 || *rc::gen::arbitrary<bool>())
+    return s;
   s.cols = (s.cols + k - 1) / k * k;
-  if (s.rows * s.cols > 200000) s.rows = std::max<std::int64_t>(1, 200000 / s.cols);
+  if (s.rows * s.cols > 200000)
+    s.rows = std::max<std::int64_t>(1, 200000 / s.cols);
   s.pad = 0;
   s.offset = 0;
   return s;
@@ -146,16 +151,17 @@ std::size_t buffer_elems(const shape2& s) {
 }
 
 kernels::target any_target() {
-  return *rc::gen::element(
-      kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
-      kernels::target::of(emu::e4m3fnuz), kernels::target::of(emu::e3m2fn),
-      kernels::target::of(emu::e2m3fn), kernels::target::of(emu::e2m1fn),
-      kernels::target::of(emu::float16), kernels::target::of(emu::bfloat16),
-      kernels::target::of(emu::int8_sym), kernels::target::of(emu::int8),
-      kernels::target::of(emu::uint8), kernels::target::of(emu::int4_sym));
+  return *rc::gen::element(kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
+                           kernels::target::of(emu::e4m3fnuz), kernels::target::of(emu::e3m2fn),
+                           kernels::target::of(emu::e2m3fn), kernels::target::of(emu::e2m1fn),
+                           kernels::target::of(emu::float16), kernels::target::of(emu::bfloat16),
+                           kernels::target::of(emu::int8_sym), kernels::target::of(emu::int8),
+                           kernels::target::of(emu::uint8), kernels::target::of(emu::int4_sym));
 }
 
-emu::format near_format(const kernels::target& t) { return t.is_int ? emu::e4m3fn : t.fmt; }
+emu::format near_format(const kernels::target& t) {
+  return t.is_int ? emu::e4m3fn : t.fmt;
+}
 
 // ---- cast / decode -----------------------------------------------------------------------------
 
@@ -163,12 +169,14 @@ TEST(gpu_vs_cpu, cast_and_decode) {
   LOWBIT_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("gpu_vs_cpu.cast_and_decode", [] {
     std::vector<emu::format> formats;
-    for (const auto& f : emu::named_formats) formats.push_back(f.fmt);
+    for (const auto& f : emu::named_formats)
+      formats.push_back(f.fmt);
     formats.push_back(emu::format{5, 3, 10, emu::specials::ieee});
     formats.push_back(emu::format{4, 4, 7, emu::specials::fn, false});
     const emu::format fmt = *rc::gen::elementOf(formats);
     const emu::policy pol = *any_policy();
-    const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16, dtype::float64);
+    const dtype in_t =
+        *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16, dtype::float64);
     const shape2 s = *any_shape();
     const auto values = awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
                                        *rc::gen::arbitrary<std::uint64_t>(),
@@ -188,16 +196,19 @@ TEST(gpu_vs_cpu, cast_and_decode) {
     const dtype code_t = kernels::code_dtype(fmt);
     const std::size_t code_size = kernels::dtype_size(code_t);
     mirrored codes(buffer_elems(s) * code_size);
-    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), *rc::gen::inRange<std::uint64_t>(0, 5)};
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(),
+                                 *rc::gen::inRange<std::uint64_t>(0, 5)};
     for (bool gpu : {false, true})
       kernels::cast(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                    codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt, pol, rng);
+                    codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset), fmt, pol,
+                    rng);
     RC_ASSERT(same_bytes(codes.host, codes.pull(), "cast codes " + emu::format_name(fmt)));
 
     // decode the GPU's codes back on both sides
     codes.host = codes.pull();
     codes.push();
-    const dtype out_t = fmt.fits_float() && (*rc::gen::arbitrary<bool>()) ? dtype::float32 : dtype::float64;
+    const dtype out_t =
+        fmt.fits_float() && (*rc::gen::arbitrary<bool>()) ? dtype::float32 : dtype::float64;
     mirrored out(buffer_elems(s) * kernels::dtype_size(out_t));
     for (bool gpu : {false, true})
       kernels::decode(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
@@ -211,18 +222,18 @@ TEST(gpu_vs_cpu, cast_and_decode) {
 kernels::grouping any_grouping() {
   const int k = *rc::gen::inRange(0, 5);
   switch (k) {
-    case 0: return kernels::grouping::per_tensor();
-    case 1: return kernels::grouping::per_row();
-    case 2: return kernels::grouping::per_column();
-    case 3:
-      return kernels::grouping::blocks(*rc::gen::element<std::int64_t>(1, 3, 8, 16, 32, 64, 100,
-                                                                       128, 256, 257, 1024));
-    default: {
-      const std::vector<std::pair<std::int64_t, std::int64_t>> tiles = {
-          {1, 1}, {2, 3}, {16, 16}, {128, 128}, {7, 300}, {1, 64}};
-      const auto t = *rc::gen::elementOf(tiles);
-      return kernels::grouping::tiles(t.first, t.second);
-    }
+  case 0: return kernels::grouping::per_tensor();
+  case 1: return kernels::grouping::per_row();
+  case 2: return kernels::grouping::per_column();
+  case 3:
+    return kernels::grouping::blocks(
+        *rc::gen::element<std::int64_t>(1, 3, 8, 16, 32, 64, 100, 128, 256, 257, 1024));
+  default: {
+    const std::vector<std::pair<std::int64_t, std::int64_t>> tiles = {
+        {1, 1}, {2, 3}, {16, 16}, {128, 128}, {7, 300}, {1, 64}};
+    const auto t = *rc::gen::elementOf(tiles);
+    return kernels::grouping::tiles(t.first, t.second);
+  }
   }
 }
 
@@ -238,8 +249,10 @@ TEST(gpu_vs_cpu, quantize_every_grouping) {
     sc.pow2 = *rc::gen::arbitrary<bool>();
     const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
     shape2 s = *any_shape();
-    if (g.k == kernels::grouping::kind::blocks) s = whole_groups(s, g.tile_cols);
-    if (g.k == kernels::grouping::kind::rows) s = whole_groups(s, std::int64_t{1} << *rc::gen::inRange(2, 13));
+    if (g.k == kernels::grouping::kind::blocks)
+      s = whole_groups(s, g.tile_cols);
+    if (g.k == kernels::grouping::kind::rows)
+      s = whole_groups(s, std::int64_t{1} << *rc::gen::inRange(2, 13));
     mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
     store_input(in, in_t, s,
                 awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
@@ -269,7 +282,8 @@ TEST(gpu_vs_cpu, quantize_every_grouping) {
     for (bool gpu : {false, true})
       kernels::dequantize(codes.view(gpu, code_t, crows, ccols, ccols + s.pad, s.offset),
                           scales.flat(gpu, dtype::float32, nscales),
-                          out.view(gpu, dtype::float32, crows, ccols, ccols + s.pad, s.offset), t, dg);
+                          out.view(gpu, dtype::float32, crows, ccols, ccols + s.pad, s.offset), t,
+                          dg);
     RC_ASSERT(same_bytes(out.host, out.pull(), "dequantized values"));
   }));
 }
@@ -287,9 +301,9 @@ TEST(gpu_vs_cpu, cast_scaled_and_delayed_scaling) {
 
     // a given scale, including the awkward ones
     mirrored scale(4);
-    const float q = *rc::gen::element(1.0f, 0.0f, 3.5f, 1e-30f, 1e30f,
-                                      std::numeric_limits<float>::quiet_NaN(),
-                                      std::numeric_limits<float>::infinity());
+    const float q =
+        *rc::gen::element(1.0f, 0.0f, 3.5f, 1e-30f, 1e30f, std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity());
     std::memcpy(scale.host.data(), &q, 4);
     scale.push();
     mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
@@ -306,8 +320,8 @@ TEST(gpu_vs_cpu, cast_scaled_and_delayed_scaling) {
     const int h = *rc::gen::inRange(1, 17);
     mirrored hist(static_cast<std::size_t>(h) * 4, 0);
     mirrored pair(8);
-    const auto reduce = *rc::gen::element(kernels::history_reduce::max,
-                                          kernels::history_reduce::most_recent);
+    const auto reduce =
+        *rc::gen::element(kernels::history_reduce::max, kernels::history_reduce::most_recent);
     for (int step = 0; step < 3; ++step) {
       store_input(in, in_t, s,
                   awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
@@ -327,10 +341,10 @@ TEST(gpu_vs_cpu, cast_scaled_and_delayed_scaling) {
 TEST(gpu_vs_cpu, mx_quantize_and_dequantize) {
   LOWBIT_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("gpu_vs_cpu.mx_quantize_and_dequantize", [] {
-    const kernels::target t = *rc::gen::element(
-        kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
-        kernels::target::of(emu::e3m2fn), kernels::target::of(emu::e2m3fn),
-        kernels::target::of(emu::e2m1fn), kernels::target::of(emu::int8));
+    const kernels::target t =
+        *rc::gen::element(kernels::target::of(emu::e4m3fn), kernels::target::of(emu::e5m2),
+                          kernels::target::of(emu::e3m2fn), kernels::target::of(emu::e2m3fn),
+                          kernels::target::of(emu::e2m1fn), kernels::target::of(emu::int8));
     const std::int64_t block = *rc::gen::element<std::int64_t>(32, 32, 16, 64, 7, 256, 300);
     emu::policy pol = *any_policy();
     const dtype in_t = *rc::gen::element(dtype::float32, dtype::float16, dtype::bfloat16);
@@ -356,10 +370,10 @@ TEST(gpu_vs_cpu, mx_quantize_and_dequantize) {
     scales.push();
     mirrored out(buffer_elems(s) * 4);
     for (bool gpu : {false, true})
-      kernels::dequantize_mx(codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
-                             scales.flat(gpu, dtype::uint8, nscales),
-                             out.view(gpu, dtype::float32, s.rows, s.cols, s.cols + s.pad, s.offset),
-                             t, block);
+      kernels::dequantize_mx(
+          codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+          scales.flat(gpu, dtype::uint8, nscales),
+          out.view(gpu, dtype::float32, s.rows, s.cols, s.cols + s.pad, s.offset), t, block);
     RC_ASSERT(same_bytes(out.host, out.pull(), "mx dequantized values"));
   }));
 }
@@ -405,4 +419,4 @@ TEST(gpu_bad_input, host_pointer_in_cuda_view) {
   }
 }
 
-}  // namespace
+} // namespace

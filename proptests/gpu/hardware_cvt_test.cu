@@ -78,7 +78,8 @@ TEST(gpu_exhaustive, all_floats_match_hardware_cvt_and_emu) {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major * 10 + minor < 89) GTEST_SKIP() << "fp8 conversion instructions need sm_89+";
+  if (major * 10 + minor < 89)
+    GTEST_SKIP() << "fp8 conversion instructions need sm_89+";
 
   const std::uint64_t chunk = std::uint64_t{1} << 28;
   gpu_test::device_buffer x(chunk * 4), ours(chunk), hw(chunk), counts(16);
@@ -90,12 +91,12 @@ TEST(gpu_exhaustive, all_floats_match_hardware_cvt_and_emu) {
     std::uint64_t hw_diffs = 0, emu_diffs = 0, first_hw = ~0ull;
     for (std::uint64_t base = 0; base < (std::uint64_t{1} << 32); base += chunk) {
       iota_kernel<<<1024, 256>>>(static_cast<std::uint32_t*>(x.get()), base, chunk);
-      const auto in = kernels::tensor_view::contiguous(
-          x.get(), kernels::dtype::float32, {static_cast<std::int64_t>(chunk)},
-          {kernels::device_type::cuda, dev});
-      const auto out = kernels::tensor_view::contiguous(
-          ours.get(), kernels::dtype::uint8, {static_cast<std::int64_t>(chunk)},
-          {kernels::device_type::cuda, dev});
+      const auto in = kernels::tensor_view::contiguous(x.get(), kernels::dtype::float32,
+                                                       {static_cast<std::int64_t>(chunk)},
+                                                       {kernels::device_type::cuda, dev});
+      const auto out = kernels::tensor_view::contiguous(ours.get(), kernels::dtype::uint8,
+                                                        {static_cast<std::int64_t>(chunk)},
+                                                        {kernels::device_type::cuda, dev});
       kernels::cast(in, out, fmt, pol);
       hardware_kernel<<<1024, 256>>>(static_cast<const float*>(x.get()),
                                      static_cast<std::uint8_t*>(hw.get()), chunk, e5m2);
@@ -107,7 +108,8 @@ TEST(gpu_exhaustive, all_floats_match_hardware_cvt_and_emu) {
       unsigned long long res[2];
       counts.download(res, sizeof res);
       hw_diffs += res[0];
-      if (res[0] != 0) first_hw = std::min<std::uint64_t>(first_hw, base + res[1]);
+      if (res[0] != 0)
+        first_hw = std::min<std::uint64_t>(first_hw, base + res[1]);
       // The GPU's codes against emu on the host, all 16 host threads.
       ours.download(host_codes.data(), chunk);
       const unsigned nt = std::max(1u, std::thread::hardware_concurrency());
@@ -117,11 +119,14 @@ TEST(gpu_exhaustive, all_floats_match_hardware_cvt_and_emu) {
         pool.emplace_back([&, t] {
           for (std::uint64_t i = t; i < chunk; i += nt) {
             const float v = emu::detail::bit_cast<float>(static_cast<std::uint32_t>(base + i));
-            if (emu::encode(fmt, v, pol) != host_codes[i]) ++bad[t];
+            if (emu::encode(fmt, v, pol) != host_codes[i])
+              ++bad[t];
           }
         });
-      for (auto& th : pool) th.join();
-      for (auto b : bad) emu_diffs += b;
+      for (auto& th : pool)
+        th.join();
+      for (auto b : bad)
+        emu_diffs += b;
     }
     EXPECT_EQ(hw_diffs, 0u) << (e5m2 ? "e5m2" : "e4m3fn")
                             << ": codes differing from cvt; first input bits 0x" << std::hex
@@ -136,10 +141,10 @@ TEST(gpu_exhaustive, scaled_divisor_reciprocal_is_correctly_rounded) {
   unsigned long long init[2] = {0ull, ~0ull};
   counts.upload(init, sizeof init);
   auto* c = static_cast<unsigned long long*>(counts.get());
-  reciprocal_diff_kernel<<<1024, 256>>>(0x34800000u, 0x40000000u, c, c + 1);  // [2^-22, 2)
+  reciprocal_diff_kernel<<<1024, 256>>>(0x34800000u, 0x40000000u, c, c + 1); // [2^-22, 2)
   unsigned long long res[2];
   counts.download(res, sizeof res);
   EXPECT_EQ(res[0], 0u) << "first differing argument bits 0x" << std::hex << res[1];
 }
 
-}  // namespace
+} // namespace

@@ -263,8 +263,10 @@ void expect_error_containing(const std::function<void()>& fn, const std::string&
 TEST(blockwise_codebook, bucket_search_equals_binary_search) {
   namespace ops = lowbit::kernels::blockwise_ops;
   const std::vector<float> crowd = lowbit::proptest::test::crowded_codebook_values();
-  const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
-                                     codebook::linear(true), codebook::linear(false),
+  const std::vector<codebook> cbs = {codebook::dynamic_tree(true),
+                                     codebook::dynamic_tree(false),
+                                     codebook::linear(true),
+                                     codebook::linear(false),
                                      codebook::from_format(lowbit::emu::e4m3fn),
                                      codebook::from_format(lowbit::emu::e2m1fn),
                                      codebook::from_values(crowd.data(), 256)};
@@ -277,7 +279,8 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
       buckets[u] = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
     int mismatches = 0;
     const auto check = [&](float t) {
-      if (!(std::fabs(t) <= 1.0f)) return;
+      if (!(std::fabs(t) <= 1.0f))
+        return;
       const std::uint32_t want = ops::nearest_index(tb.sum_hi, tb.sum_lo, t);
       const std::uint32_t got = ops::nearest_by_buckets(buckets.data(), tb.sum_hi, tb.sum_lo, t);
       if (got != want && ++mismatches <= 5)
@@ -296,13 +299,12 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
       const std::uint32_t last = ops::bucket_last(u) | sign;
       // The raw low bits where a one-step bucket's index changes, and their neighbours.
       const std::uint32_t e = buckets[u], h = (1u << 24) - (e & 0xFFFFFFu);
-      const std::uint32_t step =
-          (e & ops::bucket_step_flag) == 0 || h >= ops::bucket_never
-              ? 0u
-              : (sign != 0 ? ops::bucket_never - h : h);
+      const std::uint32_t step = (e & ops::bucket_step_flag) == 0 || h >= ops::bucket_never
+                                     ? 0u
+                                     : (sign != 0 ? ops::bucket_never - h : h);
       const std::uint32_t top = first & ~0x1FFFFu;
-      for (std::uint32_t b : {first, first + 1u, last - 0x10000u, last - 1u, last, top | (step - 1u),
-                              top | step, top | ((step + 1u) & 0x1FFFFu)}) {
+      for (std::uint32_t b : {first, first + 1u, last - 0x10000u, last - 1u, last,
+                              top | (step - 1u), top | step, top | ((step + 1u) & 0x1FFFFu)}) {
         float t;
         std::memcpy(&t, &b, 4);
         check(t);
@@ -323,7 +325,7 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
         check(t);
     }
     for (int i = 0; i < 1000000; ++i) {
-      const std::uint32_t b = static_cast<std::uint32_t>(g()) & 0xBFFFFFFFu;  // |t| < 2
+      const std::uint32_t b = static_cast<std::uint32_t>(g()) & 0xBFFFFFFFu; // |t| < 2
       float t;
       std::memcpy(&t, &b, 4);
       check(t);
@@ -347,7 +349,7 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
   namespace ops = lowbit::kernels::blockwise_ops;
   std::mt19937_64 g(11);
   std::vector<float> as;
-  for (std::uint32_t e = 0; e < 255; ++e)  // every binade: its power of two, its top, a random one
+  for (std::uint32_t e = 0; e < 255; ++e) // every binade: its power of two, its top, a random one
     for (std::uint32_t m : {0u, 1u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu})
       if ((e << 23 | m) != 0)
         as.push_back(from_bits(e << 23 | m));
@@ -370,12 +372,19 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
                       << ": divisor " << describe_input(got) << ", division "
                       << describe_input(want);
     };
-    std::vector<std::uint32_t> xs = {0u, 0x80000000u, ab, ab | 0x80000000u, ab - 1u, 1u,
-                                     div.small_bits - 1u, div.small_bits, div.small_bits + 1u};
+    std::vector<std::uint32_t> xs = {0u,
+                                     0x80000000u,
+                                     ab,
+                                     ab | 0x80000000u,
+                                     ab - 1u,
+                                     1u,
+                                     div.small_bits - 1u,
+                                     div.small_bits,
+                                     div.small_bits + 1u};
     for (std::uint32_t e = 0; e <= (ab >> 23); ++e)
       for (std::uint32_t m : {0u, 0x7FFFFFu})
         xs.push_back(e << 23 | m);
-    for (int i = 0; i < 4000; ++i) {  // random x with exponents up to a's
+    for (int i = 0; i < 4000; ++i) { // random x with exponents up to a's
       const std::uint32_t e = static_cast<std::uint32_t>(g() % ((ab >> 23) + 1));
       xs.push_back(e << 23 | (static_cast<std::uint32_t>(g()) & 0x7FFFFFu));
     }
@@ -394,16 +403,16 @@ TEST(blockwise_codebook, block_divisor_equals_division) {
 // binade (subnormal ones included) against x from every binade below a, random x, signed zeros.
 TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
   namespace ops = lowbit::kernels::blockwise_ops;
-  const auto in_bucket0 = [](float t) {
-    return ops::bucket_of(t) < 2;
-  };
+  const auto in_bucket0 = [](float t) { return ops::bucket_of(t) < 2; };
   std::mt19937_64 g(13);
   int mismatches = 0;
   std::int64_t exact = 0, tiny = 0;
   for (std::uint32_t e = 0; e < 255; ++e)
-    for (std::uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu}) {
+    for (std::uint32_t m :
+         {0u, 1u, 0x400000u, 0x7FFFFFu, static_cast<std::uint32_t>(g()) & 0x7FFFFFu}) {
       const std::uint32_t ab = e << 23 | m;
-      if (ab == 0) continue;
+      if (ab == 0)
+        continue;
       const float a = from_bits(ab);
       const ops::scaled_divisor div = ops::scaled_divisor::make(a);
       std::vector<std::uint32_t> xs = {0u, ab, ab - 1u, 1u};
@@ -419,12 +428,14 @@ TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
                                    -static_cast<int>(g() % 40) - 1);
         const double mid = static_cast<double>(q) + std::ldexp(1.0, std::ilogb(q) - 24);
         const float xf = static_cast<float>(static_cast<double>(a) * mid);
-        if (std::isfinite(xf)) xs.push_back(bits_of(xf));
+        if (std::isfinite(xf))
+          xs.push_back(bits_of(xf));
       }
       for (std::uint32_t xb0 : xs)
         for (std::uint32_t sign : {0u, 0x80000000u}) {
           const std::uint32_t xb = (xb0 & 0x7FFFFFFFu) | sign;
-          if ((xb & 0x7FFFFFFFu) > ab) continue;
+          if ((xb & 0x7FFFFFFFu) > ab)
+            continue;
           const float x = from_bits(xb);
           const float want = x / a, got = div(x);
           const bool ok = in_bucket0(want) ? in_bucket0(got) : bits_of(want) == bits_of(got);
@@ -447,12 +458,14 @@ TEST(blockwise_codebook, scaled_divisor_buckets_equal_division) {
 TEST(blockwise_codebook, simple_buckets_is_conservative) {
   namespace ops = lowbit::kernels::blockwise_ops;
   const std::vector<float> crowd = lowbit::proptest::test::crowded_codebook_values();
-  std::vector<float> tiny(256);  // entries down to 2^-40 around zero: bucket 0 changes index
+  std::vector<float> tiny(256); // entries down to 2^-40 around zero: bucket 0 changes index
   for (int i = 0; i < 256; ++i)
     tiny[static_cast<std::size_t>(i)] = (i - 128) / 128.0f;
   tiny[129] = std::ldexp(1.0f, -40);
-  const std::vector<codebook> cbs = {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
-                                     codebook::linear(true), codebook::linear(false),
+  const std::vector<codebook> cbs = {codebook::dynamic_tree(true),
+                                     codebook::dynamic_tree(false),
+                                     codebook::linear(true),
+                                     codebook::linear(false),
                                      codebook::from_format(lowbit::emu::e4m3fn),
                                      codebook::from_format(lowbit::emu::e2m1fn),
                                      codebook::from_values(crowd.data(), 256),
@@ -465,8 +478,10 @@ TEST(blockwise_codebook, simple_buckets_is_conservative) {
     const std::uint32_t zero = ops::nearest_index(tb.sum_hi, tb.sum_lo, 0.0f);
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
       const std::uint32_t e = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
-      if ((e & ops::bucket_step_flag) == 0) really = false;
-      if (u < 2 && e != ops::bucket_step_entry(zero, ops::bucket_never)) really = false;
+      if ((e & ops::bucket_step_flag) == 0)
+        really = false;
+      if (u < 2 && e != ops::bucket_step_entry(zero, ops::bucket_never))
+        really = false;
     }
     EXPECT_TRUE(!simple || really) << "codebook " << c << ": simple_buckets says yes, wrongly";
     if (c == 0) {
@@ -484,40 +499,44 @@ TEST(blockwise_codebook, simple_buckets_is_conservative) {
 // enough to share buckets, some with entries near zero.
 TEST(blockwise_codebook, simple_buckets_equals_marking_every_bucket) {
   namespace ops = lowbit::kernels::blockwise_ops;
-  const auto marked_twice = [](const ops::tables& tb) {  // the definition, bucket by bucket
+  const auto marked_twice = [](const ops::tables& tb) { // the definition, bucket by bucket
     std::vector<unsigned char> marked(ops::bucket_count + 2, 0);
     for (int j = 0; j < 255; ++j) {
       const float m = tb.sum_hi[j] * 0.5f;
       const float lo = std::nextafter(std::nextafter(m, -2.0f), -2.0f);
       const float hi = std::nextafter(std::nextafter(m, 2.0f), 2.0f);
-      if (!(lo > 0.0f) && !(hi < 0.0f)) return true;
+      if (!(lo > 0.0f) && !(hi < 0.0f))
+        return true;
       const std::uint32_t b0 = ops::bucket_of(lo), b1 = ops::bucket_of(hi);
       for (std::uint32_t b = std::min(b0, b1); b <= std::max(b0, b1); b += 2) {
-        if (b < 2 || marked[b]) return true;
+        if (b < 2 || marked[b])
+          return true;
         marked[b] = 1;
       }
     }
     return false;
   };
   std::vector<std::vector<float>> books;
-  for (const codebook& cb : {codebook::dynamic_tree(true), codebook::dynamic_tree(false),
-                             codebook::linear(true), codebook::linear(false),
-                             codebook::from_format(lowbit::emu::e4m3fn)})
+  for (const codebook& cb :
+       {codebook::dynamic_tree(true), codebook::dynamic_tree(false), codebook::linear(true),
+        codebook::linear(false), codebook::from_format(lowbit::emu::e4m3fn)})
     books.emplace_back(cb.values().begin(), cb.values().end());
   std::mt19937_64 g(17);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (int i = 0; i < 400; ++i) {
     const bool both_signs = g() & 1;
     const int per_sign = both_signs ? 127 : 255;
-    const double floor_exp = -2.0 - 40.0 * unit(g);  // smallest magnitude 2^floor_exp
+    const double floor_exp = -2.0 - 40.0 * unit(g); // smallest magnitude 2^floor_exp
     std::vector<float> v = {0.0f};
     for (int k = 0; k < per_sign; ++k) {
       const double e = floor_exp * (1.0 - (k + 0.3 * unit(g)) / per_sign);
       const float mag = static_cast<float>(std::min(1.0, std::exp2(e)));
       v.push_back(mag);
-      if (both_signs) v.push_back(-mag);
+      if (both_signs)
+        v.push_back(-mag);
     }
-    while (v.size() < 256) v.push_back(1.0f);
+    while (v.size() < 256)
+      v.push_back(1.0f);
     std::sort(v.begin(), v.end());
     books.push_back(v);
   }
@@ -1095,9 +1114,8 @@ TEST(sram_quantiles, estimate_is_the_weighted_mean_of_chunk_quantiles) {
   // short last chunk.
   std::mt19937_64 gen(11);
   std::normal_distribution<double> nd;
-  std::vector<float> x(static_cast<std::size_t>((2 * kernels::quantile_group + 37) *
-                                                    kernels::quantile_chunk +
-                                                1000));
+  std::vector<float> x(static_cast<std::size_t>(
+      (2 * kernels::quantile_group + 37) * kernels::quantile_chunk + 1000));
   for (auto& v : x)
     v = static_cast<float>(nd(gen));
   const int k = 256;

@@ -43,9 +43,9 @@ case_target make(const emu::int_format& f) {
 }
 
 std::vector<case_target> targets() {
-  return {make(emu::e4m3fn), make(emu::e5m2), make(emu::e4m3fnuz), make(emu::e3m2fn),
-          make(emu::e2m3fn), make(emu::e2m1fn), make(emu::float16), make(emu::bfloat16),
-          make(emu::int8_sym), make(emu::int8), make(emu::uint8), make(emu::int4_sym)};
+  return {make(emu::e4m3fn),   make(emu::e5m2),   make(emu::e4m3fnuz), make(emu::e3m2fn),
+          make(emu::e2m3fn),   make(emu::e2m1fn), make(emu::float16),  make(emu::bfloat16),
+          make(emu::int8_sym), make(emu::int8),   make(emu::uint8),    make(emu::int4_sym)};
 }
 
 // Values that put groups in every state: ordinary, outliers, exact grid values after scaling is
@@ -55,9 +55,12 @@ std::vector<float> group_values(std::size_t n, bool specials) {
   const int e0 = *rc::gen::inRange(-60, 60);
   for (auto& x : v) {
     const int k = *rc::gen::inRange(0, 100);
-    if (specials && k < 2) x = (k == 0 ? 1.0f : -1.0f) * std::numeric_limits<float>::quiet_NaN();
-    else if (specials && k < 4) x = -std::numeric_limits<float>::infinity();
-    else if (k < 10) x = 0.0f;
+    if (specials && k < 2)
+      x = (k == 0 ? 1.0f : -1.0f) * std::numeric_limits<float>::quiet_NaN();
+    else if (specials && k < 4)
+      x = -std::numeric_limits<float>::infinity();
+    else if (k < 10)
+      x = 0.0f;
     else
       x = std::ldexp(static_cast<float>(*rc::gen::inRange(-(1 << 24), 1 << 24)),
                      e0 - 24 + *rc::gen::inRange(-8, 3));
@@ -83,7 +86,7 @@ constexpr double u = 1.0 / (1 << 24);
 // The value of a target code (saturated codes are finite; a NaN or Inf code fails the caller's
 // comparison by throwing, which rapidcheck reports).
 rational value(const case_target& t, std::uint32_t code) {
-  if (t.rt.is_int) {  // integer codes are the value's two's complement low 8 bits
+  if (t.rt.is_int) { // integer codes are the value's two's complement low 8 bits
     const auto b = static_cast<std::uint8_t>(code);
     return t.rt.ifmt.is_signed ? rational(static_cast<std::int8_t>(b)) : rational(b);
   }
@@ -98,9 +101,10 @@ void check_element(const case_target& t, const emu::policy& pol, float x, const 
   const rational y = exact_of(x) * q;
   const bool neg = std::signbit(x);
   const std::uint32_t exact_code = ref::quantize_value(t.rt, y, neg, pol);
-  if (twin == exact_code) return;
-  const rational tiny = rational(1, ref::integer(1) << 126);  // float underflow below 2^-126
-  RC_ASSERT_FALSE(pow2 && (y > tiny || y < -tiny));            // exact product: must agree
+  if (twin == exact_code)
+    return;
+  const rational tiny = rational(1, ref::integer(1) << 126); // float underflow below 2^-126
+  RC_ASSERT_FALSE(pow2 && (y > tiny || y < -tiny));          // exact product: must agree
   const rational eps = rational(2) * rational(u) + rational(u) * rational(u);
   const rational lo = y * (1 - eps), hi = y * (1 + eps);
   const std::uint32_t c_lo = ref::quantize_value(t.rt, lo, neg, pol);
@@ -147,12 +151,12 @@ TEST(quantize, twin_within_derived_bound_of_reference) {
     // The group of element (r, c), from the grouping's definition (docs), row-major over groups.
     const auto gi = [&](std::int64_t r, std::int64_t c) -> std::int64_t {
       switch (g.k) {
-        case kernels::grouping::kind::tensor: return 0;
-        case kernels::grouping::kind::rows: return r;
-        case kernels::grouping::kind::columns: return c;
-        case kernels::grouping::kind::blocks: return r * g.scale_cols(n) + c / g.tile_cols;
-        case kernels::grouping::kind::tiles:
-          return (r / g.tile_rows) * g.scale_cols(n) + c / g.tile_cols;
+      case kernels::grouping::kind::tensor: return 0;
+      case kernels::grouping::kind::rows: return r;
+      case kernels::grouping::kind::columns: return c;
+      case kernels::grouping::kind::blocks: return r * g.scale_cols(n) + c / g.tile_cols;
+      case kernels::grouping::kind::tiles:
+        return (r / g.tile_rows) * g.scale_cols(n) + c / g.tile_cols;
       }
       return 0;
     };
@@ -162,8 +166,10 @@ TEST(quantize, twin_within_derived_bound_of_reference) {
       for (std::int64_t c = 0; c < n; ++c) {
         const float v = x[static_cast<std::size_t>(r * n + c)];
         const auto k = static_cast<std::size_t>(gi(r, c));
-        if (!std::isfinite(v)) poisoned[k] = true;
-        else if (abs(exact_of(v)) > amax[k]) amax[k] = abs(exact_of(v));
+        if (!std::isfinite(v))
+          poisoned[k] = true;
+        else if (abs(exact_of(v)) > amax[k])
+          amax[k] = abs(exact_of(v));
       }
     const rational flt_max = ref::exact(static_cast<double>(std::numeric_limits<float>::max()));
     for (std::int64_t r = 0; r < m; ++r)
@@ -172,7 +178,7 @@ TEST(quantize, twin_within_derived_bound_of_reference) {
         const auto k = static_cast<std::size_t>(gi(r, c));
         const std::uint32_t twin = code_at(codes, ct, i);
         const std::string where = "element (" + std::to_string(r) + ", " + std::to_string(c) + ")";
-        if (poisoned[k]) {  // the group is NaN: d NaN, every code encode(+NaN)
+        if (poisoned[k]) { // the group is NaN: d NaN, every code encode(+NaN)
           RC_ASSERT(std::isnan(d[k]));
           const std::uint32_t want = t.rt.is_int ? 0u : ref::round(t.rt.fmt, std::nan(""), pol);
           RC_ASSERT(twin == want);
@@ -183,22 +189,24 @@ TEST(quantize, twin_within_derived_bound_of_reference) {
           continue;
         }
         const rational q = ref::exact_scale(t.rt, amax[k], sc.margin, sc.pow2);
-        if (!sc.pow2 && q > flt_max) continue;  // q clamped to FLT_MAX by the twin (documented)
+        if (!sc.pow2 && q > flt_max)
+          continue; // q clamped to FLT_MAX by the twin (documented)
         check_element(t, pol, x[i], q, sc.pow2, twin, where);
         // d within one float rounding of d* (exact for power-of-two scales)
         const rational dstar = 1 / q, dt = ref::exact(static_cast<double>(d[k]));
         const rational err = dt > dstar ? dt - dstar : dstar - dt;
-        if (sc.pow2) RC_ASSERT(err == 0);
-        else RC_ASSERT(err <= dstar * rational(u));
+        if (sc.pow2)
+          RC_ASSERT(err == 0);
+        else
+          RC_ASSERT(err <= dstar * rational(u));
       }
   });
 }
 
 TEST(quantize, mx_twin_equals_reference) {
   check_property("quantize_mx_twin_vs_reference", 300, [] {
-    const std::vector<case_target> all = {make(emu::e4m3fn), make(emu::e5m2),
-                                          make(emu::e3m2fn), make(emu::e2m3fn),
-                                          make(emu::e2m1fn), make(emu::int8)};
+    const std::vector<case_target> all = {make(emu::e4m3fn), make(emu::e5m2),   make(emu::e3m2fn),
+                                          make(emu::e2m3fn), make(emu::e2m1fn), make(emu::int8)};
     const case_target t = *rc::gen::elementOf(all);
     auto pols = lowbit::proptest::test::deterministic_policies();
     const emu::policy pol = *rc::gen::elementOf(pols);
@@ -219,8 +227,10 @@ TEST(quantize, mx_twin_equals_reference) {
         bool poisoned = false;
         for (std::int64_t c = j * block; c < std::min(n, (j + 1) * block); ++c) {
           const float v = x[static_cast<std::size_t>(r * n + c)];
-          if (!std::isfinite(v)) poisoned = true;
-          else if (abs(exact_of(v)) > amax) amax = abs(exact_of(v));
+          if (!std::isfinite(v))
+            poisoned = true;
+          else if (abs(exact_of(v)) > amax)
+            amax = abs(exact_of(v));
         }
         const std::uint32_t sc = scales[static_cast<std::size_t>(r * nb + j)];
         if (poisoned) {
@@ -231,7 +241,8 @@ TEST(quantize, mx_twin_equals_reference) {
         RC_ASSERT(sc == static_cast<std::uint32_t>(s + 127));
         for (std::int64_t c = j * block; c < std::min(n, (j + 1) * block); ++c) {
           const auto i = static_cast<std::size_t>(r * n + c);
-          const std::uint32_t want = ref::mx_element(t.rt, exact_of(x[i]), std::signbit(x[i]), s, pol);
+          const std::uint32_t want =
+              ref::mx_element(t.rt, exact_of(x[i]), std::signbit(x[i]), s, pol);
           if (codes[i] != want)
             RC_FAIL("MX element (" + std::to_string(r) + ", " + std::to_string(c) + "): twin " +
                     hex_code(codes[i]) + ", reference " + hex_code(want) + " " + describe(pol));
@@ -240,7 +251,7 @@ TEST(quantize, mx_twin_equals_reference) {
   });
 }
 
-}  // namespace
+} // namespace
 
 // The NaN rule of docs/techniques/quantization.md with a given scale: a NaN product carries
 // sign(x) * sign(q) (a NaN input keeps its sign under a positive scale, Inf * 0 included), and a
@@ -265,15 +276,17 @@ TEST(quantize, nan_sign_rule_of_scaled_products) {
                                kernels::target::of(f), pol);
           for (std::size_t i = 0; i < xs.size(); ++i) {
             const double y = static_cast<double>(xs[i]) * static_cast<double>(q);
-            double want = static_cast<double>(xs[i] * q);  // exact here, or overflowing to Inf
+            double want = static_cast<double>(xs[i] * q); // exact here, or overflowing to Inf
             if (std::isnan(y))
-              want = std::isnan(q) ? std::fabs(std::nan(""))
-                                   : std::copysign(std::fabs(std::nan("")),
-                                                   (std::signbit(xs[i]) != std::signbit(q)) ? -1.0 : 1.0);
+              want = std::isnan(q)
+                         ? std::fabs(std::nan(""))
+                         : std::copysign(std::fabs(std::nan("")),
+                                         (std::signbit(xs[i]) != std::signbit(q)) ? -1.0 : 1.0);
             EXPECT_EQ(codes[i], ref::round(f, want, pol))
-                << emu::format_name(f) << " x=" << xs[i] << (std::signbit(xs[i]) ? " (sign set)" : "")
-                << " q=" << q << (std::signbit(q) ? " (sign set)" : "")
-                << " nan=" << static_cast<int>(ns) << " over=" << static_cast<int>(ov);
+                << emu::format_name(f) << " x=" << xs[i]
+                << (std::signbit(xs[i]) ? " (sign set)" : "") << " q=" << q
+                << (std::signbit(q) ? " (sign set)" : "") << " nan=" << static_cast<int>(ns)
+                << " over=" << static_cast<int>(ov);
           }
         }
 }

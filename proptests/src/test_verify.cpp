@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <lowbit/emu/emu.hpp>
-#include <lowbit/verify/verify.hpp>
 #include <lowbit/proptest/generators.hpp>
 #include <lowbit/reference/round.hpp>
+#include <lowbit/verify/verify.hpp>
 
 #include "support.hpp"
 

@@ -47,8 +47,9 @@ std::optional<emu::format> optional_format(py::handle fmt, const char* arg) {
 // Python layer has copied CUDA arrays to the host already.
 array_arg take_host(py::handle obj, const char* name) {
   return take(obj, name, 0,
-              {{}, "is not supported; expected float32, float64, float16, bfloat16 (ml_dtypes), "
-                   "int8, int16, int32, or uint8/uint16/uint32 codes of a format"});
+              {{},
+               "is not supported; expected float32, float64, float16, bfloat16 (ml_dtypes), "
+               "int8, int16, int32, or uint8/uint16/uint32 codes of a format"});
 }
 
 kernels::tensor_view host_view(const array_arg& a) {

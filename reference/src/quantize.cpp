@@ -13,12 +13,14 @@ rational pow2(int k) {
 // floor(log2(v)) for v > 0, by exact comparison with powers of two.
 int floor_log2(const rational& v) {
   int e = 0;
-  while (pow2(e) > v) --e;
-  while (pow2(e + 1) <= v) ++e;
+  while (pow2(e) > v)
+    --e;
+  while (pow2(e + 1) <= v)
+    ++e;
   return e;
 }
 
-}  // namespace
+} // namespace
 
 rational target_max(const quant_target& t) {
   return t.is_int ? rational(t.ifmt.max()) : reference::max_value(t.fmt);
@@ -27,19 +29,20 @@ rational target_max(const quant_target& t) {
 rational exact_scale(const quant_target& t, const rational& amax, int margin, bool pow2s) {
   require(amax > 0, errc::invalid_argument, "exact_scale: amax must be positive");
   const rational q = target_max(t) / amax * pow2(-margin);
-  if (!pow2s) return q;
-  const int k = floor_log2(q);  // power-of-two scales are kept normal floats: [2^-126, 2^127]
+  if (!pow2s)
+    return q;
+  const int k = floor_log2(q); // power-of-two scales are kept normal floats: [2^-126, 2^127]
   return pow2(k < -126 ? -126 : (k > 127 ? 127 : k));
 }
 
-rational exact_dequant_factor(const quant_target& t, const rational& amax, int margin,
-                              bool pow2s) {
+rational exact_dequant_factor(const quant_target& t, const rational& amax, int margin, bool pow2s) {
   return 1 / exact_scale(t, amax, margin, pow2s);
 }
 
 std::uint32_t quantize_value(const quant_target& t, const rational& y, bool negative,
                              const emu::policy& p, std::uint32_t rbits) {
-  if (t.is_int) return static_cast<std::uint32_t>(round_int(t.ifmt, y, p, rbits)) & 0xFFu;
+  if (t.is_int)
+    return static_cast<std::uint32_t>(round_int(t.ifmt, y, p, rbits)) & 0xFFu;
   return round(t.fmt, y, negative, p, rbits);
 }
 
@@ -51,8 +54,9 @@ int mx_shared_exponent(const rational& amax, int emax_elem) {
 
 std::uint32_t mx_element(const quant_target& t, const rational& x, bool negative, int s,
                          const emu::policy& p, std::uint32_t rbits) {
-  if (t.is_int) return static_cast<std::uint32_t>(round_int(t.ifmt, x * pow2(6 - s), p, rbits)) & 0xFFu;
+  if (t.is_int)
+    return static_cast<std::uint32_t>(round_int(t.ifmt, x * pow2(6 - s), p, rbits)) & 0xFFu;
   return round(t.fmt, x * pow2(-s), negative, p, rbits);
 }
 
-}  // namespace lowbit::reference
+} // namespace lowbit::reference

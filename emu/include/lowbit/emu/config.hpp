@@ -41,8 +41,7 @@ namespace lowbit::emu::detail {
 
 // std::bit_cast is not callable from device code without --expt-relaxed-constexpr on every
 // translation unit; the builtin behind it is available to gcc, clang and nvcc alike.
-template <class To, class From>
-LOWBIT_HD constexpr To bit_cast(const From& from) noexcept {
+template <class To, class From> LOWBIT_HD constexpr To bit_cast(const From& from) noexcept {
   static_assert(sizeof(To) == sizeof(From));
   return __builtin_bit_cast(To, from);
 }
@@ -57,4 +56,4 @@ LOWBIT_HD constexpr int bit_width(std::uint64_t v) noexcept {
   return n;
 }
 
-}  // namespace lowbit::emu::detail
+} // namespace lowbit::emu::detail

@@ -17,31 +17,26 @@ namespace lowbit::emu {
 
 namespace detail {
 
-template <class T>
-struct binary_traits;
+template <class T> struct binary_traits;
 
-template <>
-struct binary_traits<float> {
+template <> struct binary_traits<float> {
   using bits_type = std::uint32_t;
   static constexpr int width = 32, man = 23, bias = 127;
 };
 
-template <>
-struct binary_traits<double> {
+template <> struct binary_traits<double> {
   using bits_type = std::uint64_t;
   static constexpr int width = 64, man = 52, bias = 1023;
 };
 
 // 2^k as T, for k in T's normal exponent range.
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T pow2(int k) {
+template <class T> LOWBIT_HD LOWBIT_INLINE constexpr T pow2(int k) {
   using tr = binary_traits<T>;
   using U = typename tr::bits_type;
   return bit_cast<T>(static_cast<U>(static_cast<U>(k + tr::bias) << tr::man));
 }
 
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T quiet_nan(bool negative) {
+template <class T> LOWBIT_HD LOWBIT_INLINE constexpr T quiet_nan(bool negative) {
   using tr = binary_traits<T>;
   using U = typename tr::bits_type;
   const U bits = (((U{1} << (tr::width - tr::man)) - 1u) << (tr::man - 1)) |
@@ -49,15 +44,13 @@ LOWBIT_HD LOWBIT_INLINE constexpr T quiet_nan(bool negative) {
   return bit_cast<T>(bits);
 }
 
-template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr T infinity(bool negative) {
+template <class T> LOWBIT_HD LOWBIT_INLINE constexpr T infinity(bool negative) {
   using tr = binary_traits<T>;
   using U = typename tr::bits_type;
   const U bits = (((U{1} << (tr::width - 1 - tr::man)) - 1u) << tr::man) |
                  (negative ? U{1} << (tr::width - 1) : U{0});
   return bit_cast<T>(bits);
 }
-
 
 // True when rounding r of a value of the given sign moves toward zero, which decides whether a
 // finite overflow stops at the largest finite value (IEEE 754 section 7.4).
@@ -73,8 +66,8 @@ LOWBIT_HD LOWBIT_INLINE constexpr bool rounds_toward_zero(rounding r, bool negat
 // (directed modes), rbits the caller's random bits (stochastic). Requires shift >= 0 and
 // sig < 2^(width-2); any shift is allowed.
 template <class U>
-LOWBIT_HD LOWBIT_INLINE constexpr U round_shifted(U sig, int shift, bool negative,
-                                                  const policy& p, std::uint32_t rbits) {
+LOWBIT_HD LOWBIT_INLINE constexpr U round_shifted(U sig, int shift, bool negative, const policy& p,
+                                                  std::uint32_t rbits) {
   constexpr int width = static_cast<int>(sizeof(U) * 8);
   // Past width-1 every bit of sig is discarded and it is below half either way: clamp the shift.
   const int sc = shift < width - 1 ? shift : width - 1;
@@ -82,37 +75,37 @@ LOWBIT_HD LOWBIT_INLINE constexpr U round_shifted(U sig, int shift, bool negativ
   const U half = (U{1} << sc) >> 1;
   const U neg = negative;
   switch (p.round) {
-    case rounding::nearest_even: {
-      // rem + half - 1 + lsb carries into bit sc exactly when rem > half, or rem == half and the
-      // kept part is odd. With sc == 0 (nothing discarded) the increment must be 0, not lsb - 1.
-      const U lsb = (sig >> sc) & 1u;
-      const U inc = half + lsb > 0u ? half + lsb - 1u : U{0};
-      return (sig + inc) >> sc;
+  case rounding::nearest_even: {
+    // rem + half - 1 + lsb carries into bit sc exactly when rem > half, or rem == half and the
+    // kept part is odd. With sc == 0 (nothing discarded) the increment must be 0, not lsb - 1.
+    const U lsb = (sig >> sc) & 1u;
+    const U inc = half + lsb > 0u ? half + lsb - 1u : U{0};
+    return (sig + inc) >> sc;
+  }
+  case rounding::nearest_away: return (sig + half) >> sc;
+  case rounding::toward_zero: return sig >> sc;
+  case rounding::up: return (sig + (mask & (neg - 1u))) >> sc;
+  case rounding::down: return (sig + (mask & (U{0} - neg))) >> sc;
+  case rounding::odd: return (sig >> sc) | static_cast<U>((sig & mask) != 0);
+  case rounding::stochastic: {
+    // floor(t * 2^k) + r >= 2^k with t = rem / 2^shift (docs/rounding.md). For shift >= k this
+    // is a carry out of (rem with its low shift-k bits cleared) + (r << (shift-k)); for
+    // shift < k it is rem + (r >> (k-shift)) >= 2^shift, the dropped low bits of r never
+    // reaching the carry.
+    const int k = p.random_bits;
+    const U rem = sig & mask;
+    const std::uint64_t r = rbits & ((std::uint64_t{1} << k) - 1u);
+    const int d = shift - k;
+    std::uint64_t carry;
+    if (d >= 0) {
+      // t*2^k = rem >> d (0 when d passes the width: rem < 2^(width-2) then).
+      const std::uint64_t tk = d < 64 ? static_cast<std::uint64_t>(rem) >> d : 0u;
+      carry = (tk + r) >> k;
+    } else {
+      carry = (static_cast<std::uint64_t>(rem) + (r >> -d)) >> shift;
     }
-    case rounding::nearest_away: return (sig + half) >> sc;
-    case rounding::toward_zero: return sig >> sc;
-    case rounding::up: return (sig + (mask & (neg - 1u))) >> sc;
-    case rounding::down: return (sig + (mask & (U{0} - neg))) >> sc;
-    case rounding::odd: return (sig >> sc) | static_cast<U>((sig & mask) != 0);
-    case rounding::stochastic: {
-      // floor(t * 2^k) + r >= 2^k with t = rem / 2^shift (docs/rounding.md). For shift >= k this
-      // is a carry out of (rem with its low shift-k bits cleared) + (r << (shift-k)); for
-      // shift < k it is rem + (r >> (k-shift)) >= 2^shift, the dropped low bits of r never
-      // reaching the carry.
-      const int k = p.random_bits;
-      const U rem = sig & mask;
-      const std::uint64_t r = rbits & ((std::uint64_t{1} << k) - 1u);
-      const int d = shift - k;
-      std::uint64_t carry;
-      if (d >= 0) {
-        // t*2^k = rem >> d (0 when d passes the width: rem < 2^(width-2) then).
-        const std::uint64_t tk = d < 64 ? static_cast<std::uint64_t>(rem) >> d : 0u;
-        carry = (tk + r) >> k;
-      } else {
-        carry = (static_cast<std::uint64_t>(rem) + (r >> -d)) >> shift;
-      }
-      return (sig >> sc) + static_cast<U>(carry != 0);
-    }
+    return (sig >> sc) + static_cast<U>(carry != 0);
+  }
   }
   return sig >> sc;
 }
@@ -121,45 +114,50 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t sign_code(const format& f, bool 
   return f.is_signed ? static_cast<std::uint32_t>(negative) << (f.exp_bits + f.man_bits) : 0u;
 }
 
-}  // namespace detail
+} // namespace detail
 
 // ---- special results, shared by encode and the kernels ---------------------------------------
 
 // The NaN a conversion produces: all magnitude bits set (the canonical NaN of NVIDIA's hardware
 // conversions), signed where the format has signed NaNs and the policy keeps the sign; the
 // negative-zero code for fnuz; +0 for formats without NaN (documented in docs/rounding.md).
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t nan_code(const format& f, bool negative, const policy& p) {
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t nan_code(const format& f, bool negative,
+                                                         const policy& p) {
   switch (f.special) {
-    case specials::ieee:
-    case specials::fn:
-      return f.mag_mask() | detail::sign_code(f, negative & (p.nan == nan_sign::preserve));
-    case specials::fnuz: return f.sign_mask();
-    case specials::none: return 0u;
+  case specials::ieee:
+  case specials::fn:
+    return f.mag_mask() | detail::sign_code(f, negative & (p.nan == nan_sign::preserve));
+  case specials::fnuz: return f.sign_mask();
+  case specials::none: return 0u;
   }
   return 0u;
 }
 
 // Result for a value beyond the finite range: +-max under saturation, for formats without NaN,
 // and when the rounding direction points toward zero; otherwise Inf, or NaN where there is no Inf.
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t overflow_code(const format& f, bool negative, const policy& p,
-                                                bool infinite_input = false) {
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t
+overflow_code(const format& f, bool negative, const policy& p, bool infinite_input = false) {
   const bool to_max = (p.over == overflow::saturate) | !f.has_nan() |
                       (!infinite_input & detail::rounds_toward_zero(p.round, negative));
-  if (to_max) return f.max_code() | detail::sign_code(f, negative);
-  if (f.has_inf()) return (f.mag_mask() - f.man_mask()) | detail::sign_code(f, negative);
+  if (to_max)
+    return f.max_code() | detail::sign_code(f, negative);
+  if (f.has_inf())
+    return (f.mag_mask() - f.man_mask()) | detail::sign_code(f, negative);
   return nan_code(f, negative, p);
 }
 
 // Result for an exact zero input (and for results that round or flush to zero).
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t zero_code(const format& f, bool negative, const policy& p) {
-  if (!f.has_zero)  // no zero to return: NaN, or the smallest value under saturation
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t zero_code(const format& f, bool negative,
+                                                          const policy& p) {
+  if (!f.has_zero) // no zero to return: NaN, or the smallest value under saturation
     return (p.over == overflow::saturate || !f.has_nan()) ? 0u : nan_code(f, false, p);
   return f.has_negative_zero() ? detail::sign_code(f, negative) : 0u;
 }
 
 // Result for a negative number (not -0) in an unsigned format: NaN, or the smallest value
 // (code 0) under saturation or where there is no NaN.
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t negative_unsigned_code(const format& f, const policy& p) {
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t negative_unsigned_code(const format& f,
+                                                                       const policy& p) {
   return (p.over == overflow::saturate || !f.has_nan()) ? 0u : nan_code(f, false, p);
 }
 
@@ -173,8 +171,8 @@ namespace detail {
 // 2^-125 (so float subnormal inputs, and any flush-to-zero of them by a CPU's DAZ mode, round to
 // zero either way).
 LOWBIT_HD LOWBIT_INLINE constexpr bool rne_short_path(const format& f) {
-  return f.man_bits >= 1 && f.man_bits < 23 && f.emax() <= 127 && f.emin() >= -126 &&
-         f.has_zero && f.emin() - f.man_bits >= -125;
+  return f.man_bits >= 1 && f.man_bits < 23 && f.emax() <= 127 && f.emin() >= -126 && f.has_zero &&
+         f.emin() - f.man_bits >= -125;
 }
 
 // The result of a special case as (code for +, sign bits to add for -): every special result is
@@ -183,8 +181,7 @@ LOWBIT_HD LOWBIT_INLINE constexpr bool rne_short_path(const format& f) {
 struct signed_result {
   std::uint32_t base;
   std::uint32_t sign;
-  template <class Fn>
-  LOWBIT_HD LOWBIT_INLINE static constexpr signed_result of(Fn code) {
+  template <class Fn> LOWBIT_HD LOWBIT_INLINE static constexpr signed_result of(Fn code) {
     const std::uint32_t pos = code(false);
     return {pos, code(true) ^ pos};
   }
@@ -219,7 +216,8 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t rne_grid_code(const format& f, s
                                (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits);
   const float magic = pow2<float>(f.emin() - f.man_bits + 23);
   const std::uint32_t sub =
-      flush ? 0u : bit_cast<std::uint32_t>(bit_cast<float>(a) + magic) - bit_cast<std::uint32_t>(magic);
+      flush ? 0u
+            : bit_cast<std::uint32_t>(bit_cast<float>(a) + magic) - bit_cast<std::uint32_t>(magic);
   return a < rne_min_normal_bits(f) ? sub : normal;
 }
 
@@ -237,9 +235,11 @@ struct rne_encoder {
     const bool over_signed = overflow_code(f, true, p) != over;
     // Smallest |x| bits rounding past max: the midpoint above max, or one above it where
     // nearest-even keeps the tie at an even max.
-    const std::uint32_t max_bits = (f.max_code() + (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits)) << s;
+    const std::uint32_t max_bits =
+        (f.max_code() + (static_cast<std::uint32_t>(127 - f.bias) << f.man_bits)) << s;
     std::uint32_t first_over = max_bits + (1u << (s - 1)) + ((f.max_code() & 1u) ^ 1u);
-    if (first_over > 0x7F800000u) first_over = 0x7F800000u;  // Inf overflows in any format
+    if (first_over > 0x7F800000u)
+      first_over = 0x7F800000u; // Inf overflows in any format
     const std::uint32_t nan = nan_code(f, false, p);
     return {p.sub == subnormals::flush, over, over_signed ? 0x7F800000u : first_over - 1u, nan,
             nan_code(f, true, p) ^ nan};
@@ -249,7 +249,7 @@ struct rne_encoder {
   LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t operator()(const format& f, std::uint32_t a,
                                                              std::uint32_t sign) const {
     std::uint32_t mag = rne_grid_code(f, a, flush);
-    mag = mag < over ? mag : over;  // Inf included
+    mag = mag < over ? mag : over; // Inf included
     const bool special = a > special_above;
     const std::uint32_t keep = special ? nan_keep : f.sign_mask();
     mag = special ? nan : mag;
@@ -265,13 +265,15 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float(const format& f
                                                                  const policy& p) {
   const auto b = bit_cast<std::uint32_t>(x);
   const std::uint32_t a = b & 0x7FFFFFFFu;
-  if (rne_symmetric(f)) return rne_encoder::make(f, p)(f, a, b);
+  if (rne_symmetric(f))
+    return rne_encoder::make(f, p)(f, a, b);
   const bool below_normal = a < rne_min_normal_bits(f);
   const std::uint32_t code = rne_grid_code(f, a, p.sub == subnormals::flush);
   std::uint32_t base = code;
   std::uint32_t sign = f.is_signed ? f.sign_mask() : 0u;
-  if (!f.has_negative_zero() && code == 0) sign = 0u;
-  if (!below_normal && code > f.max_code()) {  // Inf included
+  if (!f.has_negative_zero() && code == 0)
+    sign = 0u;
+  if (!below_normal && code > f.max_code()) { // Inf included
     const auto r = signed_result::of([&](bool n) { return overflow_code(f, n, p); });
     base = r.base;
     sign = r.sign;
@@ -286,8 +288,7 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float(const format& f
     sign = r.sign;
   }
   // The input's sign bit moved onto the format's sign position, kept where `sign` allows.
-  const std::uint32_t sbit =
-      f.is_signed ? (b >> 31) << (f.exp_bits + f.man_bits) : 0u;
+  const std::uint32_t sbit = f.is_signed ? (b >> 31) << (f.exp_bits + f.man_bits) : 0u;
   return base | (sbit & sign);
 }
 
@@ -307,13 +308,16 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode_rne_float_prefix(const fo
   const int s = 23 - f.man_bits;
   const std::uint32_t code = (a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s;
   std::uint32_t r = code | sign_code(f, neg);
-  if (a < 0x00800000u && p.sub == subnormals::flush) r = zero_code(f, neg, p);
-  if (code > f.max_code()) r = overflow_code(f, neg, p);  // Inf included
-  if (a > 0x7F800000u) r = nan_code(f, neg, p);
+  if (a < 0x00800000u && p.sub == subnormals::flush)
+    r = zero_code(f, neg, p);
+  if (code > f.max_code())
+    r = overflow_code(f, neg, p); // Inf included
+  if (a > 0x7F800000u)
+    r = nan_code(f, neg, p);
   return r;
 }
 
-}  // namespace detail
+} // namespace detail
 
 // Rounds x (float or double) to format f under policy p. rbits: random bits for stochastic
 // rounding (the low p.random_bits bits are used). Returns the code in the low f.bits() bits.
@@ -364,30 +368,37 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t encode(const format& f, T x, con
                  (f.has_zero ? U{0} : U{1} << f.man_bits);
 
   std::uint32_t r = static_cast<std::uint32_t>(code) | detail::sign_code(f, neg);
-  if (!f.has_negative_zero() && f.has_zero && code == 0) r = 0u;
-  if (below_normal && f.has_zero && p.sub == subnormals::flush) r = zero_code(f, neg, p);
-  if (code > f.max_code()) r = overflow_code(f, neg, p);
+  if (!f.has_negative_zero() && f.has_zero && code == 0)
+    r = 0u;
+  if (below_normal && f.has_zero && p.sub == subnormals::flush)
+    r = zero_code(f, neg, p);
+  if (code > f.max_code())
+    r = overflow_code(f, neg, p);
   // No zero, no subnormals: the smallest value (docs); `code` wrapped around below 0 here.
-  if (below_normal && !f.has_zero) r = 0u;
-  if (a == 0) r = zero_code(f, neg, p);
-  if (a == inf_bits) r = overflow_code(f, neg, p, /*infinite_input=*/true);
-  if (neg && a != 0 && !f.is_signed) r = negative_unsigned_code(f, p);
-  if (a > inf_bits) r = nan_code(f, neg, p);
+  if (below_normal && !f.has_zero)
+    r = 0u;
+  if (a == 0)
+    r = zero_code(f, neg, p);
+  if (a == inf_bits)
+    r = overflow_code(f, neg, p, /*infinite_input=*/true);
+  if (neg && a != 0 && !f.is_signed)
+    r = negative_unsigned_code(f, p);
+  if (a > inf_bits)
+    r = nan_code(f, neg, p);
   return r;
 }
 
 // ---- decode ------------------------------------------------------------------------------------
 
-
 // True when `code` is a NaN of format f.
 LOWBIT_HD LOWBIT_INLINE constexpr bool is_nan_code(const format& f, std::uint32_t code) {
   const std::uint32_t mag = code & f.mag_mask();
   switch (f.special) {
-    case specials::ieee: return (mag & ~f.man_mask()) == (f.mag_mask() & ~f.man_mask()) &&
-                                (mag & f.man_mask()) != 0;
-    case specials::fn: return mag == f.mag_mask();
-    case specials::fnuz: return (code & (f.sign_mask() | f.mag_mask())) == f.sign_mask();
-    case specials::none: return false;
+  case specials::ieee:
+    return (mag & ~f.man_mask()) == (f.mag_mask() & ~f.man_mask()) && (mag & f.man_mask()) != 0;
+  case specials::fn: return mag == f.mag_mask();
+  case specials::fnuz: return (code & (f.sign_mask() | f.mag_mask())) == f.sign_mask();
+  case specials::none: return false;
   }
   return false;
 }
@@ -415,37 +426,42 @@ LOWBIT_HD LOWBIT_INLINE constexpr float decode_float_short(const format& f, std:
   const float sub = static_cast<float>(mag) * pow2<float>(f.emin() - f.man_bits);
   const bool is_sub = f.has_zero && (mag >> f.man_bits) == 0;
   std::uint32_t v = (is_sub ? bit_cast<std::uint32_t>(sub) : normal) | sign;
-  if (is_inf_code(f, code)) v = 0x7F800000u | sign;
-  if (is_nan_code(f, code)) v = 0x7FC00000u | (f.special == specials::fnuz ? 0u : sign);
+  if (is_inf_code(f, code))
+    v = 0x7F800000u | sign;
+  if (is_nan_code(f, code))
+    v = 0x7FC00000u | (f.special == specials::fnuz ? 0u : sign);
   return bit_cast<float>(v);
 }
 
-}  // namespace detail
+} // namespace detail
 
 template <class T = double>
 LOWBIT_HD LOWBIT_INLINE constexpr T decode(const format& f, std::uint32_t code) {
   using tr = detail::binary_traits<T>;
   if constexpr (sizeof(T) == 4) {
-    if (detail::float_decode_short_path(f)) return detail::decode_float_short(f, code);
+    if (detail::float_decode_short_path(f))
+      return detail::decode_float_short(f, code);
   }
   const bool neg = (code & f.sign_mask()) != 0;
-  if (is_nan_code(f, code)) return detail::quiet_nan<T>(f.special != specials::fnuz && neg);
-  if (is_inf_code(f, code)) return detail::infinity<T>(neg);
+  if (is_nan_code(f, code))
+    return detail::quiet_nan<T>(f.special != specials::fnuz && neg);
+  if (is_inf_code(f, code))
+    return detail::infinity<T>(neg);
   const std::uint32_t mag = code & f.mag_mask();
   const int field = static_cast<int>(mag >> f.man_bits);
   std::uint32_t m = mag & f.man_mask();
-  int k;  // value = m * 2^k
+  int k; // value = m * 2^k
   if (f.has_zero && field == 0) {
     k = f.emin() - f.man_bits;
   } else {
     m |= 1u << f.man_bits;
     k = field - f.bias - f.man_bits;
   }
-  constexpr int lowest = 1 - tr::bias;  // smallest normal exponent of T
-  T v = static_cast<T>(m);              // exact: m < 2^24
+  constexpr int lowest = 1 - tr::bias; // smallest normal exponent of T
+  T v = static_cast<T>(m);             // exact: m < 2^24
   if (k >= lowest) {
     v *= detail::pow2<T>(k);
-  } else {  // the result may be a subnormal T: two exact steps
+  } else { // the result may be a subnormal T: two exact steps
     v *= detail::pow2<T>(k + 64);
     v *= detail::pow2<T>(-64);
   }
@@ -454,15 +470,18 @@ LOWBIT_HD LOWBIT_INLINE constexpr T decode(const format& f, std::uint32_t code) 
 
 // Converts a code of format `from` to format `to`: exact decode, then one rounding.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t convert(const format& from, std::uint32_t code,
-                                          const format& to, const policy& p,
-                                          std::uint32_t rbits = 0) {
-  if (from.fits_float()) return encode(to, decode<float>(from, code), p, rbits);
+                                                        const format& to, const policy& p,
+                                                        std::uint32_t rbits = 0) {
+  if (from.fits_float())
+    return encode(to, decode<float>(from, code), p, rbits);
   return encode(to, decode<double>(from, code), p, rbits);
 }
 
 // ---- format facts derived from the codes ---------------------------------------------------
 
-LOWBIT_HD LOWBIT_INLINE constexpr double max_value(const format& f) { return decode<double>(f, f.max_code()); }
+LOWBIT_HD LOWBIT_INLINE constexpr double max_value(const format& f) {
+  return decode<double>(f, f.max_code());
+}
 LOWBIT_HD LOWBIT_INLINE constexpr double min_normal(const format& f) {
   return decode<double>(f, f.min_normal_code());
 }
@@ -470,7 +489,9 @@ LOWBIT_HD LOWBIT_INLINE constexpr double min_positive(const format& f) {
   return decode<double>(f, f.min_positive_code());
 }
 // Distance from 1 to the next larger value: 2^-man_bits.
-LOWBIT_HD LOWBIT_INLINE constexpr double epsilon(const format& f) { return detail::pow2<double>(-f.man_bits); }
+LOWBIT_HD LOWBIT_INLINE constexpr double epsilon(const format& f) {
+  return detail::pow2<double>(-f.man_bits);
+}
 
 static_assert(max_value(e4m3fn) == 448.0 && max_value(e5m2) == 57344.0);
 static_assert(max_value(e4m3fnuz) == 240.0 && max_value(e2m1fn) == 6.0);
@@ -480,4 +501,4 @@ static_assert(encode(e4m3fn, 448.0f, rne) == 0x7E && encode(e4m3fn, 464.0f, rne)
 static_assert(encode(e4m3fn, 465.0f, rne) == 0x7F && encode(e4m3fn, 465.0f, rne_sat) == 0x7E);
 static_assert(encode(e5m2, 1.0, rne) == 0x3C && encode(float16, 1.0f / 3.0f, rne) == 0x3555);
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

@@ -8,24 +8,25 @@
 namespace lowbit {
 
 enum class errc {
-  invalid_argument,  // a value out of its domain (unknown name, bad shape, NaN scale, ...)
-  invalid_type,      // wrong dtype
-  unsupported,       // valid, but not available in this build (no CUDA, ...)
-  device,            // the CUDA runtime reported an error
+  invalid_argument, // a value out of its domain (unknown name, bad shape, NaN scale, ...)
+  invalid_type,     // wrong dtype
+  unsupported,      // valid, but not available in this build (no CUDA, ...)
+  device,           // the CUDA runtime reported an error
 };
 
 class error : public std::runtime_error {
- public:
+public:
   error(errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
   errc code() const noexcept { return code_; }
 
- private:
+private:
   errc code_;
 };
 
 // Throws error(code, what) unless cond holds.
 inline void require(bool cond, errc code, const std::string& what) {
-  if (!cond) throw error(code, what);
+  if (!cond)
+    throw error(code, what);
 }
 
-}  // namespace lowbit
+} // namespace lowbit

@@ -15,10 +15,10 @@ namespace lowbit::emu {
 
 // How a format spends its codes on non-finite values.
 enum class specials : std::uint8_t {
-  ieee,  // exponent all ones: Inf (mantissa 0) and NaNs (mantissa != 0); +0 and -0 (IEEE 754)
-  fn,    // no Inf; one NaN per sign where exponent and mantissa are all ones (OCP E4M3, E8M0)
-  fnuz,  // no Inf, no -0; the single NaN takes the code of -0, sign bit alone (e4m3fnuz)
-  none,  // every code is a finite number (OCP FP6 and FP4)
+  ieee, // exponent all ones: Inf (mantissa 0) and NaNs (mantissa != 0); +0 and -0 (IEEE 754)
+  fn,   // no Inf; one NaN per sign where exponent and mantissa are all ones (OCP E4M3, E8M0)
+  fnuz, // no Inf, no -0; the single NaN takes the code of -0, sign bit alone (e4m3fnuz)
+  none, // every code is a finite number (OCP FP6 and FP4)
 };
 
 struct format {
@@ -43,9 +43,9 @@ struct format {
   // Largest code (magnitude bits) that encodes a finite value.
   LOWBIT_HD constexpr std::uint32_t max_code() const {
     switch (special) {
-      case specials::ieee: return mag_mask() - (1u << man_bits);
-      case specials::fn: return mag_mask() - 1u;
-      default: return mag_mask();
+    case specials::ieee: return mag_mask() - (1u << man_bits);
+    case specials::fn: return mag_mask() - 1u;
+    default: return mag_mask();
     }
   }
   // Exponent (unbiased) of the lowest binade with an implicit leading one.
@@ -65,17 +65,17 @@ struct format {
     return has_zero ? (1u << man_bits) : 0u;
   }
   // Every value decodes exactly into float (otherwise only into double).
-  LOWBIT_HD constexpr bool fits_float() const {
-    return emax() <= 127 && emin() - man_bits >= -149;
-  }
+  LOWBIT_HD constexpr bool fits_float() const { return emax() <= 127 && emin() - man_bits >= -149; }
 };
 
 // nullptr when f describes a usable format, else why not. Limits: exponent 1..8 bits, mantissa
 // 0..23 bits (so every value and every midpoint is exact in double, and double arithmetic on
 // two values rounds innocuously), at least one normal binade, values inside double's range.
 constexpr const char* check_format(const format& f) {
-  if (f.exp_bits < 1 || f.exp_bits > 8) return "exponent bits must be in 1..8";
-  if (f.man_bits < 0 || f.man_bits > 23) return "mantissa bits must be in 0..23";
+  if (f.exp_bits < 1 || f.exp_bits > 8)
+    return "exponent bits must be in 1..8";
+  if (f.man_bits < 0 || f.man_bits > 23)
+    return "mantissa bits must be in 0..23";
   if (f.special == specials::ieee && f.man_bits == 0)
     return "an IEEE-style format needs at least one mantissa bit to encode NaN";
   if (f.special == specials::fnuz && !f.is_signed)
@@ -90,7 +90,9 @@ constexpr const char* check_format(const format& f) {
     return "the format's exponent range must lie inside double's normal range";
   return nullptr;
 }
-constexpr bool is_valid(const format& f) { return check_format(f) == nullptr; }
+constexpr bool is_valid(const format& f) {
+  return check_format(f) == nullptr;
+}
 
 // clang-format off
 inline constexpr format e4m3fn      {4, 3, 7, specials::fn};
@@ -121,12 +123,12 @@ template <int Bits>
 using code_storage =
     std::conditional_t<(Bits <= 8), std::uint8_t,
                        std::conditional_t<(Bits <= 16), std::uint16_t, std::uint32_t>>;
-}  // namespace detail
+} // namespace detail
 
 struct named_format {
   const char* name;
   format fmt;
-  const char* spec;  // where the format is defined
+  const char* spec; // where the format is defined
 };
 
 inline constexpr named_format named_formats[] = {
@@ -147,4 +149,4 @@ inline constexpr named_format named_formats[] = {
     {"float32", float32, "IEEE 754 binary32"},
 };
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

@@ -29,7 +29,8 @@ LOWBIT_HD inline double fused_multiply_add(double a, double b, double c) {
 // s + tail is the exact result (tail's sign is all that matters); returns s rounded to odd.
 LOWBIT_HD inline double to_odd(double s, double tail) {
   auto bits = bit_cast<std::uint64_t>(s);
-  if (tail == 0.0 || (bits & 1u) != 0 || s != s || s - s != 0.0) return s;
+  if (tail == 0.0 || (bits & 1u) != 0 || s != s || s - s != 0.0)
+    return s;
   // Move one ulp toward the exact value; s != 0 here (an exact-zero s has no tail).
   const bool away = (tail > 0.0) == (s > 0.0);
   bits = away ? bits + 1u : bits - 1u;
@@ -40,7 +41,7 @@ LOWBIT_HD inline double to_odd(double s, double tail) {
 // exact zero sum the sign -0 unless both operands are +0; double arithmetic here rounds to
 // nearest, which gives +0.
 LOWBIT_HD inline double odd_add(double a, double b, bool down) {
-  const double s = a + b;  // TwoSum (Knuth): s + t == a + b exactly
+  const double s = a + b; // TwoSum (Knuth): s + t == a + b exactly
   if (s == 0.0) {
     const bool both_plus_zero = bit_cast<std::uint64_t>(a) == 0 && bit_cast<std::uint64_t>(b) == 0;
     return down && !both_plus_zero ? -0.0 : s;
@@ -55,7 +56,7 @@ LOWBIT_HD inline double odd_mul(double a, double b) {
 }
 LOWBIT_HD inline double odd_div(double a, double b) {
   const double q = a / b;
-  const double r = fused_multiply_add(-q, b, a);  // a - q*b, exact
+  const double r = fused_multiply_add(-q, b, a); // a - q*b, exact
   return to_odd(q, (b > 0.0) ? r : -r);
 }
 LOWBIT_HD inline double odd_sqrt(double a) {
@@ -67,15 +68,14 @@ LOWBIT_HD inline double odd_sqrt(double a) {
   return to_odd(s, fused_multiply_add(-s, s, a));
 }
 
-}  // namespace detail
+} // namespace detail
 
-template <format F, policy P = rne>
-class fp {
+template <format F, policy P = rne> class fp {
   static_assert(is_valid(F), "invalid format");
   static_assert(P.round != rounding::stochastic,
                 "value types round deterministically; use encode() with random bits");
 
- public:
+public:
   using storage_type = detail::code_storage<F.bits()>;
   static constexpr format fmt = F;
   static constexpr policy pol = P;
@@ -127,7 +127,7 @@ class fp {
     return a.d() <=> b.d();
   }
 
- private:
+private:
   LOWBIT_HD constexpr double d() const { return decode<double>(F, bits_); }
   storage_type bits_ = 0;
 };
@@ -144,13 +144,13 @@ using float4_e2m1fn = fp<e2m1fn>;
 using half = fp<float16>;
 using bfloat16_t = fp<bfloat16>;
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu
 
 template <lowbit::emu::format F, lowbit::emu::policy P>
 class std::numeric_limits<lowbit::emu::fp<F, P>> {
   using T = lowbit::emu::fp<F, P>;
 
- public:
+public:
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = F.is_signed;
   static constexpr bool is_integer = false;
@@ -160,7 +160,7 @@ class std::numeric_limits<lowbit::emu::fp<F, P>> {
   static constexpr bool has_signaling_NaN = false;
   static constexpr bool has_denorm_loss = false;
   static constexpr std::float_round_style round_style =
-      P.round == lowbit::emu::rounding::nearest_even   ? std::round_to_nearest
+      P.round == lowbit::emu::rounding::nearest_even  ? std::round_to_nearest
       : P.round == lowbit::emu::rounding::toward_zero ? std::round_toward_zero
       : P.round == lowbit::emu::rounding::up          ? std::round_toward_infinity
       : P.round == lowbit::emu::rounding::down        ? std::round_toward_neg_infinity
@@ -169,7 +169,7 @@ class std::numeric_limits<lowbit::emu::fp<F, P>> {
   static constexpr bool is_bounded = true;
   static constexpr bool is_modulo = false;
   static constexpr int digits = F.man_bits + 1;
-  static constexpr int digits10 = (F.man_bits * 30103) / 100000;  // floor((digits-1)*log10 2)
+  static constexpr int digits10 = (F.man_bits * 30103) / 100000; // floor((digits-1)*log10 2)
   static constexpr int max_digits10 = 2 + ((F.man_bits + 1) * 30103 + 99999) / 100000;
   static constexpr int radix = 2;
   static constexpr int min_exponent = F.emin() + 1;

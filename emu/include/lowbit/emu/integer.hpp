@@ -14,7 +14,7 @@ namespace lowbit::emu {
 struct int_format {
   int bits = 8;
   bool is_signed = true;
-  bool symmetric = false;  // signed range [-(2^(bits-1) - 1), 2^(bits-1) - 1]: no lone -2^(bits-1)
+  bool symmetric = false; // signed range [-(2^(bits-1) - 1), 2^(bits-1) - 1]: no lone -2^(bits-1)
 
   friend constexpr bool operator==(const int_format&, const int_format&) = default;
 
@@ -27,8 +27,10 @@ struct int_format {
 };
 
 constexpr const char* check_int_format(const int_format& f) {
-  if (f.bits < 2 || f.bits > 16) return "integer formats have 2..16 bits";
-  if (f.symmetric && !f.is_signed) return "only signed integer formats can be symmetric";
+  if (f.bits < 2 || f.bits > 16)
+    return "integer formats have 2..16 bits";
+  if (f.symmetric && !f.is_signed)
+    return "only signed integer formats can be symmetric";
   return nullptr;
 }
 
@@ -41,8 +43,8 @@ inline constexpr int_format uint4{4, false, false};
 
 // round(x) under p.round (stochastic: with rbits), clamped to [f.min(), f.max()]; NaN -> 0.
 template <class T>
-LOWBIT_HD LOWBIT_INLINE constexpr std::int32_t quantize_int(const int_format& f, T x, const policy& p,
-                                              std::uint32_t rbits = 0) {
+LOWBIT_HD LOWBIT_INLINE constexpr std::int32_t
+quantize_int(const int_format& f, T x, const policy& p, std::uint32_t rbits = 0) {
   using tr = detail::binary_traits<T>;
   using U = typename tr::bits_type;
   constexpr U sign_bit = U{1} << (tr::width - 1);
@@ -54,19 +56,22 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::int32_t quantize_int(const int_format& f,
       const float lo = static_cast<float>(f.min()), hi = static_cast<float>(f.max());
       float c = x < lo ? lo : x;
       c = c > hi ? hi : c;
-      const auto r = static_cast<std::int32_t>(detail::bit_cast<std::uint32_t>(c + 12582912.0f) -
-                                               0x4B400000u);
+      const auto r =
+          static_cast<std::int32_t>(detail::bit_cast<std::uint32_t>(c + 12582912.0f) - 0x4B400000u);
       return x != x ? 0 : r;
     }
   }
   const U b = detail::bit_cast<U>(x);
   const bool neg = (b & sign_bit) != 0;
   const U a = b & ~sign_bit;
-  if (a > inf_bits) return 0;
-  if (a == 0) return 0;
+  if (a > inf_bits)
+    return 0;
+  if (a == 0)
+    return 0;
   const int src_field = static_cast<int>(a >> tr::man);
   // Anything at or beyond 2^bits clamps whatever the rounding (also subnormal-free: field != 0).
-  if (src_field - tr::bias >= f.bits) return neg ? f.min() : f.max();
+  if (src_field - tr::bias >= f.bits)
+    return neg ? f.min() : f.max();
   U sig;
   int e;
   if (src_field != 0) {
@@ -81,8 +86,10 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::int32_t quantize_int(const int_format& f,
   return v < f.min() ? f.min() : (v > f.max() ? f.max() : v);
 }
 
-static_assert(quantize_int(int8_sym, -200.0f, rne) == -127 && quantize_int(int8, -200.0f, rne) == -128);
-static_assert(quantize_int(int8, 2.5f, rne) == 2 && quantize_int(int8, 2.5f, policy{rounding::nearest_away}) == 3);
+static_assert(quantize_int(int8_sym, -200.0f, rne) == -127 &&
+              quantize_int(int8, -200.0f, rne) == -128);
+static_assert(quantize_int(int8, 2.5f, rne) == 2 &&
+              quantize_int(int8, 2.5f, policy{rounding::nearest_away}) == 3);
 static_assert(quantize_int(uint8, -3.0f, rne) == 0 && quantize_int(int4, 7.6, rne) == 7);
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

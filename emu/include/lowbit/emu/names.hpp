@@ -16,17 +16,18 @@ namespace lowbit::emu {
 
 inline const char* special_name(specials s) {
   switch (s) {
-    case specials::ieee: return "ieee";
-    case specials::fn: return "fn";
-    case specials::fnuz: return "fnuz";
-    case specials::none: return "none";
+  case specials::ieee: return "ieee";
+  case specials::fn: return "fn";
+  case specials::fnuz: return "fnuz";
+  case specials::none: return "none";
   }
   return "?";
 }
 
 inline std::string format_name(const format& f) {
   for (const auto& n : named_formats)
-    if (n.fmt == f) return n.name;
+    if (n.fmt == f)
+      return n.name;
   // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string here.
   std::string s = "e";
   s += std::to_string(f.exp_bits);
@@ -36,17 +37,21 @@ inline std::string format_name(const format& f) {
   s += std::to_string(f.bias);
   s += '_';
   s += special_name(f.special);
-  if (!f.is_signed) s += "_unsigned";
-  if (!f.has_zero) s += "_nozero";
+  if (!f.is_signed)
+    s += "_unsigned";
+  if (!f.has_zero)
+    s += "_nozero";
   return s;
 }
 
 inline format parse_format(std::string_view name) {
   for (const auto& n : named_formats)
-    if (name == n.name) return n.fmt;
+    if (name == n.name)
+      return n.fmt;
   const auto fail = [&](const char* why) {
     std::string known;
-    for (const auto& n : named_formats) known += std::string(known.empty() ? "" : ", ") + n.name;
+    for (const auto& n : named_formats)
+      known += std::string(known.empty() ? "" : ", ") + n.name;
     return error(errc::invalid_argument, "format '" + std::string(name) + "': " + why +
                                              " (named formats: " + known +
                                              "; or e<E>m<M>[b<bias>][_ieee|_fn|_fnuz|_none]"
@@ -55,51 +60,67 @@ inline format parse_format(std::string_view name) {
   std::string_view s = name;
   const auto number = [&](int& out) {
     bool neg = !s.empty() && s.front() == '-';
-    if (neg) s.remove_prefix(1);
+    if (neg)
+      s.remove_prefix(1);
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-    if (ec != std::errc() || p == s.data()) return false;
+    if (ec != std::errc() || p == s.data())
+      return false;
     s.remove_prefix(static_cast<std::size_t>(p - s.data()));
-    if (neg) out = -out;
+    if (neg)
+      out = -out;
     return true;
   };
   format f;
-  if (s.empty() || s.front() != 'e') throw fail("unknown name");
+  if (s.empty() || s.front() != 'e')
+    throw fail("unknown name");
   s.remove_prefix(1);
-  if (!number(f.exp_bits) || s.empty() || s.front() != 'm') throw fail("unknown name");
+  if (!number(f.exp_bits) || s.empty() || s.front() != 'm')
+    throw fail("unknown name");
   s.remove_prefix(1);
-  if (!number(f.man_bits)) throw fail("expected the mantissa bits after 'm'");
+  if (!number(f.man_bits))
+    throw fail("expected the mantissa bits after 'm'");
   f.bias = (f.exp_bits >= 1 && f.exp_bits <= 8) ? (1 << (f.exp_bits - 1)) - 1 : 0;
   if (!s.empty() && s.front() == 'b') {
     s.remove_prefix(1);
-    if (!number(f.bias)) throw fail("expected the bias after 'b'");
+    if (!number(f.bias))
+      throw fail("expected the bias after 'b'");
   }
   while (!s.empty()) {
-    if (s.front() != '_') throw fail("unexpected text");
+    if (s.front() != '_')
+      throw fail("unexpected text");
     s.remove_prefix(1);
     const auto end = s.find('_');
     const std::string_view word = s.substr(0, end);
     s.remove_prefix(end == std::string_view::npos ? s.size() : end);
-    if (word == "ieee") f.special = specials::ieee;
-    else if (word == "fn") f.special = specials::fn;
-    else if (word == "fnuz") f.special = specials::fnuz;
-    else if (word == "none") f.special = specials::none;
-    else if (word == "unsigned") f.is_signed = false;
-    else if (word == "nozero") f.has_zero = false;
-    else throw fail("unknown suffix");
+    if (word == "ieee")
+      f.special = specials::ieee;
+    else if (word == "fn")
+      f.special = specials::fn;
+    else if (word == "fnuz")
+      f.special = specials::fnuz;
+    else if (word == "none")
+      f.special = specials::none;
+    else if (word == "unsigned")
+      f.is_signed = false;
+    else if (word == "nozero")
+      f.has_zero = false;
+    else
+      throw fail("unknown suffix");
   }
-  if (const char* why = check_format(f)) throw fail(why);
+  if (const char* why = check_format(f))
+    throw fail(why);
   return f;
 }
 
 inline const char* rounding_name(rounding r) {
   switch (r) {
-    case rounding::nearest_even: return "nearest_even";
-    case rounding::nearest_away: return "nearest_away";
-    case rounding::toward_zero: return "toward_zero";
-    case rounding::up: return "up";
-    case rounding::down: return "down";
-    case rounding::odd: return "odd";
-    case rounding::stochastic: return "stochastic";
+  case rounding::nearest_even: return "nearest_even";
+  case rounding::nearest_away: return "nearest_away";
+  case rounding::toward_zero: return "toward_zero";
+  case rounding::up: return "up";
+  case rounding::down: return "down";
+  case rounding::odd: return "odd";
+  case rounding::stochastic: return "stochastic";
   }
   return "?";
 }
@@ -110,7 +131,8 @@ inline constexpr rounding all_roundings[] = {
 
 inline rounding parse_rounding(std::string_view name) {
   for (rounding r : all_roundings)
-    if (name == rounding_name(r)) return r;
+    if (name == rounding_name(r))
+      return r;
   throw error(errc::invalid_argument,
               "rounding '" + std::string(name) +
                   "': expected one of nearest_even, nearest_away, toward_zero, up, down, odd, "
@@ -128,7 +150,8 @@ inline std::string int_format_name(const int_format& f) {
 
 inline int_format parse_int_format(std::string_view name) {
   for (const int_format& f : {int8, int8_sym, uint8, int4, int4_sym, uint4})
-    if (name == int_format_name(f)) return f;
+    if (name == int_format_name(f))
+      return f;
   throw error(errc::invalid_argument, "integer format '" + std::string(name) +
                                           "': expected int8, int8_sym, uint8, int4, int4_sym "
                                           "or uint4");
@@ -144,4 +167,4 @@ inline void validate(const format& f) {
     throw error(errc::invalid_argument, std::string("format: ") + why);
 }
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

@@ -41,11 +41,11 @@ struct random_stream {
   std::uint64_t offset = 0;
 
   LOWBIT_HD constexpr philox_block block(std::uint64_t group) const {
-    return philox4x32(philox_block{{static_cast<std::uint32_t>(group),
-                                    static_cast<std::uint32_t>(group >> 32),
-                                    static_cast<std::uint32_t>(offset),
-                                    static_cast<std::uint32_t>(offset >> 32)}},
-                      static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+    return philox4x32(
+        philox_block{{static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
+                      static_cast<std::uint32_t>(offset),
+                      static_cast<std::uint32_t>(offset >> 32)}},
+        static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
   }
   // Random bits of element i.
   LOWBIT_HD constexpr std::uint32_t bits(std::uint64_t i) const { return block(i >> 2).v[i & 3]; }
@@ -54,6 +54,7 @@ struct random_stream {
 // Published known answers (Random123 kat_vectors).
 static_assert(philox4x32({{0, 0, 0, 0}}, 0, 0).v[0] == 0x6627e8d5u);
 static_assert(philox4x32({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u,
-                         0x299f31d0u).v[3] == 0x24126ea1u);
+                         0x299f31d0u)
+                  .v[3] == 0x24126ea1u);
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

@@ -9,28 +9,28 @@
 namespace lowbit::emu {
 
 enum class rounding : std::uint8_t {
-  nearest_even,  // to nearest, ties to the code whose last bit is 0
-  nearest_away,  // to nearest, ties away from zero
+  nearest_even, // to nearest, ties to the code whose last bit is 0
+  nearest_away, // to nearest, ties away from zero
   toward_zero,
-  up,            // toward +Inf
-  down,          // toward -Inf
-  odd,           // to the neighbour whose last code bit is 1 when inexact (sticky rounding)
-  stochastic,    // up with probability (x - lo)/(hi - lo), from k caller-supplied random bits
+  up,         // toward +Inf
+  down,       // toward -Inf
+  odd,        // to the neighbour whose last code bit is 1 when inexact (sticky rounding)
+  stochastic, // up with probability (x - lo)/(hi - lo), from k caller-supplied random bits
 };
 
 enum class overflow : std::uint8_t {
-  saturate,        // finite overflow and Inf go to +-max finite
-  nonsaturating,   // IEEE 754 / OCP: Inf where the format has it, else NaN; see docs/rounding.md
+  saturate,      // finite overflow and Inf go to +-max finite
+  nonsaturating, // IEEE 754 / OCP: Inf where the format has it, else NaN; see docs/rounding.md
 };
 
 enum class subnormals : std::uint8_t {
   keep,
-  flush,  // a result whose exact value is below the smallest normal becomes zero of its sign
+  flush, // a result whose exact value is below the smallest normal becomes zero of its sign
 };
 
 enum class nan_sign : std::uint8_t {
-  preserve,  // a NaN keeps its sign where the format has signed NaNs
-  positive,  // every NaN result is the positive canonical NaN
+  preserve, // a NaN keeps its sign where the format has signed NaNs
+  positive, // every NaN result is the positive canonical NaN
 };
 
 struct policy {
@@ -38,7 +38,7 @@ struct policy {
   overflow over = overflow::nonsaturating;
   subnormals sub = subnormals::keep;
   nan_sign nan = nan_sign::preserve;
-  int random_bits = 0;  // k, 1..32, for rounding::stochastic only
+  int random_bits = 0; // k, 1..32, for rounding::stochastic only
 
   friend constexpr bool operator==(const policy&, const policy&) = default;
 };
@@ -52,11 +52,11 @@ constexpr const char* check_policy(const policy& p) {
 }
 
 // Named policies for the common cases, so call sites say what they mean.
-inline constexpr policy rne{};  // IEEE 754 default: nearest-even, Inf/NaN on overflow
+inline constexpr policy rne{}; // IEEE 754 default: nearest-even, Inf/NaN on overflow
 inline constexpr policy rne_sat{rounding::nearest_even, overflow::saturate};
 inline constexpr policy truncate{rounding::toward_zero, overflow::saturate};
 constexpr policy stochastic(int k, overflow o) {
   return policy{rounding::stochastic, o, subnormals::keep, nan_sign::preserve, k};
 }
 
-}  // namespace lowbit::emu
+} // namespace lowbit::emu

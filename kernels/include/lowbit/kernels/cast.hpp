@@ -27,4 +27,4 @@ void cast(const tensor_view& x, const tensor_view& out, const emu::format& fmt,
 void decode(const tensor_view& codes, const tensor_view& out, const emu::format& fmt,
             const exec& ex = {});
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -35,8 +35,8 @@ struct scaling {
 struct grouping {
   enum class kind : std::uint8_t { tensor, rows, columns, blocks, tiles };
   kind k = kind::tensor;
-  std::int64_t tile_rows = 1;  // tiles
-  std::int64_t tile_cols = 1;  // tiles, and the block length of `blocks`
+  std::int64_t tile_rows = 1; // tiles
+  std::int64_t tile_cols = 1; // tiles, and the block length of `blocks`
 
   static grouping per_tensor() { return {kind::tensor, 1, 1}; }
   static grouping per_row() { return {kind::rows, 1, 1}; }
@@ -55,9 +55,8 @@ struct grouping {
 // `transpose` (columns only) codes is the N x M transpose and scales has N elements: codes of
 // x^T with one scale per row, which dequantize() reads as per-row groups.
 void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view& scales,
-              const target& t, const grouping& g, const emu::policy& pol,
-              const scaling& sc = {}, const emu::random_stream& rng = {},
-              bool transpose = false, const exec& ex = {});
+              const target& t, const grouping& g, const emu::policy& pol, const scaling& sc = {},
+              const emu::random_stream& rng = {}, bool transpose = false, const exec& ex = {});
 
 // codes = encode(x * scale[0]) with a given scale (one float32 element, same device as x).
 void cast_scaled(const tensor_view& x, const tensor_view& codes, const tensor_view& scale,
@@ -72,11 +71,10 @@ void dequantize(const tensor_view& codes, const tensor_view& scales, const tenso
 // this tensor's amax is pushed into the history. history: float32 [H], history[0] the newest.
 // scale_pair: float32 [2] receives {q, d} used for this call.
 enum class history_reduce : std::uint8_t { max, most_recent };
-void quantize_delayed(const tensor_view& x, const tensor_view& codes,
-                      const tensor_view& scale_pair, const tensor_view& history,
-                      const target& t, history_reduce reduce, const emu::policy& pol,
-                      const scaling& sc = {}, const emu::random_stream& rng = {},
-                      const exec& ex = {});
+void quantize_delayed(const tensor_view& x, const tensor_view& codes, const tensor_view& scale_pair,
+                      const tensor_view& history, const target& t, history_reduce reduce,
+                      const emu::policy& pol, const scaling& sc = {},
+                      const emu::random_stream& rng = {}, const exec& ex = {});
 
 // OCP MX v1.0: blocks of `block` (32) consecutive elements along rows share the scale
 // X = 2^(floor(log2(amax)) - emax_elem), stored as an E8M0 code (uint8, M x ceil(N/block));
@@ -89,4 +87,4 @@ void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_vi
 void dequantize_mx(const tensor_view& codes, const tensor_view& scales, const tensor_view& out,
                    const target& elem, std::int64_t block = 32, const exec& ex = {});
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

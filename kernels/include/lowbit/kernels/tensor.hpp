@@ -37,7 +37,7 @@ struct tensor_view {
   dtype type = dtype::float32;
   int ndim = 0;
   std::array<std::int64_t, max_dims> shape{};
-  std::array<std::int64_t, max_dims> strides{};  // in elements, may be negative or zero
+  std::array<std::int64_t, max_dims> strides{}; // in elements, may be negative or zero
   device dev{};
 
   // A row-major contiguous view.
@@ -52,10 +52,7 @@ struct tensor_view {
   bool is_contiguous() const;
   bool same_shape(const tensor_view& o) const;
   std::string shape_string() const;
-  template <class T>
-  T* ptr() const {
-    return static_cast<T*>(data);
-  }
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
 };
 
 // Argument checks shared by every host API; each throws lowbit::error naming `arg`.
@@ -65,7 +62,7 @@ void require_same_shape(const tensor_view& a, const char* arg_a, const tensor_vi
 void require_same_device(const tensor_view& a, const char* arg_a, const tensor_view& b,
                          const char* arg_b);
 void require_contiguous(const tensor_view& v, const char* arg);
-void require_valid(const tensor_view& v, const char* arg);  // ndim, shape >= 0, data if numel>0
+void require_valid(const tensor_view& v, const char* arg); // ndim, shape >= 0, data if numel>0
 
 // How a host API runs: CPU threads (0 = all cores) for CPU views, the CUDA stream for device
 // views (nullptr = the default stream; passed as an opaque pointer so this header needs no CUDA).
@@ -80,4 +77,4 @@ bool cuda_available();
 // Number of CUDA devices this process can use (0 without CUDA kernels or devices).
 int cuda_device_count();
 
-}  // namespace lowbit::kernels
+} // namespace lowbit::kernels

@@ -41,4 +41,4 @@ int mx_shared_exponent(const rational& amax, int emax_elem);
 std::uint32_t mx_element(const quant_target& t, const rational& x, bool negative, int s,
                          const emu::policy& p, std::uint32_t rbits = 0);
 
-}  // namespace lowbit::reference
+} // namespace lowbit::reference
