@@ -96,13 +96,26 @@ std::string to_string(const policy& p) {
   case policy_kind::tolerance:
     if (p.atol != 0 || p.rtol == 0)
       s = "atol:" + shortest(p.atol);
-    if (p.rtol != 0)
-      s += (s.empty() ? "" : ",") + std::string("rtol:") + shortest(p.rtol);
+    if (p.rtol != 0) {
+      // Appended piece by piece: GCC 12 warns (falsely) on "literal" + std::string in Release.
+      if (!s.empty())
+        s += ',';
+      s += "rtol:";
+      s += shortest(p.rtol);
+    }
     break;
-  case policy_kind::bound: s = p.bound_name.empty() ? "bound" : "bound:" + p.bound_name; break;
+  case policy_kind::bound:
+    s = "bound";
+    if (!p.bound_name.empty()) {
+      s += ':';
+      s += p.bound_name;
+    }
+    break;
   }
-  if (p.format)
-    s += "@" + emu::format_name(*p.format);
+  if (p.format) {
+    s += '@';
+    s += emu::format_name(*p.format);
+  }
   return s;
 }
 
