@@ -34,3 +34,11 @@ wheel=$(echo "$wheel_dir"/lowbit-*.whl)
 "$python" -m pip install -q --no-deps --force-reinstall --disable-pip-version-check "$wheel"
 # python/tests/test_wheel.py checks the wheel and the installed package.
 LOWBIT_WHEEL="$PWD/$wheel" lowbit_step "tests" ctest --preset ci -j "$(nproc)"
+# pytest's own counts (ctest shows a suite's output only when it fails), and how many of the
+# tests need torch: they run on the CPU here, their CUDA cases skip without a GPU.
+echo "== Python suites (pytest's counts):" >&2
+grep -hE "^[0-9]+ (passed|failed)" build/ci/Testing/Temporary/LastTest.log >&2 || true
+"$python" -m pytest python/tests -q -p no:cacheprovider -m "torch and not exhaustive" \
+  --collect-only 2>/dev/null | tail -n 1 |
+  awk '{split($1, n, "/"); print "tests marked torch (run with the suite above): " n[1] " of " n[2]}' >&2 ||
+  true
