@@ -3,12 +3,13 @@ on stderr and its documented exit status, never a traceback (docs/report.md, doc
 docs/verification.md): 1 for cast, decode and report, 2 for verify, whose inputs are its usage.
 
 The table crosses each kind of bad file with each argument that names a file. Cases about
-permissions need a user that permissions stop: run as root, they go to a subprocess run as
-`nobody`.
+permissions need a process that permissions stop: run as root, they go to a subprocess that
+has dropped root's file-permission capabilities (or, where that cannot be done, runs as `nobody`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import pickle
@@ -55,10 +56,10 @@ def run_in_process(argv: list[str], capsys) -> Result:
     return Result(status, out.getvalue() + captured.out, captured.err)
 
 
-def run_subprocess(argv: list[str], user: int | None = None, env: dict | None = None) -> Result:
-    extra = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+def run_subprocess(argv: list[str], as_: dict | None = None, env: dict | None = None) -> Result:
+    """`python -m lowbit argv`; `as_`: subprocess.run's arguments that take root's privileges away."""
     done = subprocess.run([sys.executable, "-m", "lowbit", *argv], capture_output=True,
-                          text=True, env=env or _env(), cwd="/", check=False, **extra)
+                          text=True, env=env or _env(), cwd="/", check=False, **(as_ or {}))
     return Result(done.returncode, done.stdout, done.stderr)
 
 
@@ -298,16 +299,43 @@ def test_a_full_disk_is_one_line(good, capsys):
 # ---- permissions -------------------------------------------------------------------------------
 
 
-def _unprivileged_user() -> int | None:
-    """None to run in this process (permissions stop it), else the uid of `nobody`."""
+def _drop_dac_capabilities() -> None:
+    """preexec_fn: root keeps its uid but loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from
+    the bounding set, so the program it runs next obeys permission bits, root's own included."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def _unprivileged() -> dict | None:
+    """None to run in this process (permissions stop it), else subprocess.run's arguments for a
+    child that permissions stop: root without its file-permission capabilities where the kernel
+    lets us drop them, else the user `nobody` where it can run this interpreter (a virtual
+    environment's python may be a link into root's home, which `nobody` cannot enter)."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return None
-    import pwd
+    with tempfile.NamedTemporaryFile() as probe:
+        os.chmod(probe.name, 0)
+        code = f"open({probe.name!r}).close()"
+        tries = [{"preexec_fn": _drop_dac_capabilities}]
+        try:
+            import pwd
 
-    try:
-        return pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        pytest.skip("running as root and there is no user `nobody` to drop to")
+            uid = pwd.getpwnam("nobody").pw_uid
+            tries.append({"user": uid, "group": uid, "extra_groups": []})
+        except KeyError:
+            pass
+        for extra in tries:
+            try:
+                done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, check=False, **extra)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if done.returncode != 0 and "PermissionError" in done.stderr:
+                return extra
+    pytest.skip("running as root, and neither dropping root's file-permission capabilities nor "
+                "the user `nobody` gives a child that permission bits stop")
 
 
 @pytest.fixture()
@@ -324,7 +352,7 @@ def open_dir():
 @pytest.mark.parametrize("case", ["unreadable_input", "read_only_output_dir",
                                   "read_only_report_dir", "read_only_json"])
 def test_permissions(case, open_dir, capsys):
-    user = _unprivileged_user()
+    child = _unprivileged()
     values, codes = open_dir / "values.npy", open_dir / "codes.npy"
     np.save(values, VALUES)
     np.save(codes, lowbit.cast(VALUES, "e4m3fn"))
@@ -356,10 +384,10 @@ def test_permissions(case, open_dir, capsys):
                   f"{json_file}: cannot write: Permission denied")]
     locked.chmod(0o555)
     for argv, status, reason in cases:
-        if user is None:
+        if child is None:
             result = run_in_process(argv, capsys)
         else:
-            result = run_subprocess(argv, user=user)
+            result = run_subprocess(argv, as_=child)
         assert_one_line(result, argv[0], status, reason)
     assert not list(locked.iterdir())
 
