@@ -55,6 +55,16 @@ inline std::vector<emu::int_format> int_targets() {
           emu::int_format{16, false, false}};
 }
 
+// Every sweep format and integer target as a quantization target.
+inline std::vector<kernels::target> all_targets() {
+  std::vector<kernels::target> v;
+  for (const auto& f : formats())
+    v.push_back(kernels::target::of(f.fmt));
+  for (const auto& i : int_targets())
+    v.push_back(kernels::target::of(i));
+  return v;
+}
+
 // The public functions that take a format or a quantization target.
 enum class fn {
   cast,                 // kernels::cast

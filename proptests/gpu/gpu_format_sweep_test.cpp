@@ -59,15 +59,6 @@ void load_inputs(mirrored& b) {
   b.push();
 }
 
-std::vector<kernels::target> all_targets() {
-  std::vector<kernels::target> v;
-  for (const auto& f : sweep::formats())
-    v.push_back(kernels::target::of(f.fmt));
-  for (const auto& i : sweep::int_targets())
-    v.push_back(kernels::target::of(i));
-  return v;
-}
-
 // Runs call(gpu) on CPU views then on CUDA views; both must refuse with the same message, or
 // both succeed with the same bytes in every output.
 void cpu_and_gpu(fn f, const kernels::target& t, const std::function<void(bool)>& call,
@@ -140,7 +131,7 @@ TEST(gpu_format_sweep, scaled_quantization_every_target) {
   mirrored x(static_cast<std::size_t>(count) * 4);
   load_inputs(x);
   const emu::policy pol = emu::rne_sat;
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     const dtype code_t = t.code_dtype();
     const std::size_t code_bytes = static_cast<std::size_t>(count) * kernels::dtype_size(code_t);
     for (const auto& g : {kernels::grouping::per_row(), kernels::grouping::blocks(16),
@@ -199,7 +190,7 @@ TEST(gpu_format_sweep, mx_every_target) {
   load_inputs(x);
   const std::int64_t block = 32, nb = (cols + block - 1) / block;
   const emu::random_stream rng{9, 2};
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     const dtype code_t = t.code_dtype();
     for (const emu::policy& pol : {emu::rne_sat, emu::stochastic(8, emu::overflow::saturate)}) {
       mirrored codes(static_cast<std::size_t>(count) * kernels::dtype_size(code_t)),

@@ -188,15 +188,6 @@ void check_claim(fn f, const kernels::target& t, const outcome& o, bool names = 
   }
 }
 
-std::vector<kernels::target> all_targets() {
-  std::vector<kernels::target> v;
-  for (const auto& f : sweep::formats())
-    v.push_back(kernels::target::of(f.fmt));
-  for (const auto& i : sweep::int_targets())
-    v.push_back(kernels::target::of(i));
-  return v;
-}
-
 // ---- independent computations -----------------------------------------------------------
 
 // The value of a target code (quantize.hpp: codes in two's complement low bits for integers).
@@ -342,7 +333,7 @@ TEST(format_sweep, quantize_every_target) {
   auto x = input_buffer(false);
   const auto xv = inputs(false);
   const emu::policy pol = emu::rne_sat;
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     SCOPED_TRACE(sweep::target_name(t));
     for (const auto& g : {kernels::grouping::per_row(), kernels::grouping::blocks(16)}) {
       const std::int64_t sr = g.scale_rows(rows), sc = g.scale_cols(cols);
@@ -386,7 +377,7 @@ TEST(format_sweep, cast_scaled_every_target) {
   const emu::policy pol = emu::rne_sat;
   buffer scale(dtype::float32, 1, 1);
   scale.set_f32(0, 0.75f);
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     SCOPED_TRACE(sweep::target_name(t));
     buffer codes(t.code_dtype(), rows, cols);
     const auto o = run_twice(
@@ -409,7 +400,7 @@ TEST(format_sweep, quantize_delayed_every_target) {
   auto x = input_buffer(false);
   const auto xv = inputs(false);
   const emu::policy pol = emu::rne_sat;
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     SCOPED_TRACE(sweep::target_name(t));
     buffer codes(t.code_dtype(), rows, cols), pair(dtype::float32, 1, 2),
         history(dtype::float32, 1, 2);
@@ -450,7 +441,7 @@ TEST(format_sweep, quantize_delayed_every_target) {
 TEST(format_sweep, dequantize_every_target) {
   const auto xv = inputs(false);
   const auto g = kernels::grouping::per_row();
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     SCOPED_TRACE(sweep::target_name(t));
     // Codes and scales made independently of the kernels: every code value the target has
     // (cycled), one scale per row, the last one NaN (a poisoned group).
@@ -501,7 +492,7 @@ TEST(format_sweep, quantize_mx_every_target) {
   auto x = input_buffer(false);
   const auto xv = inputs(false);
   const emu::random_stream rng{11, 0};
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     for (const emu::policy& pol : {emu::rne_sat, emu::stochastic(8, emu::overflow::saturate)}) {
       SCOPED_TRACE(sweep::target_name(t) + " " + emu::rounding_name(pol.round));
       buffer codes(t.code_dtype(), rows, cols), scales(dtype::uint8, rows, mx_blocks);
@@ -552,7 +543,7 @@ TEST(format_sweep, quantize_mx_every_target) {
 }
 
 TEST(format_sweep, dequantize_mx_every_target) {
-  for (const auto& t : all_targets()) {
+  for (const auto& t : sweep::all_targets()) {
     SCOPED_TRACE(sweep::target_name(t));
     buffer codes(t.code_dtype(), rows, cols), scales(dtype::uint8, rows, mx_blocks),
         out(dtype::float32, rows, cols);

@@ -209,25 +209,38 @@ std::string codes_refusal(const kernels::target& t) {
   rethrow_renamed(e, quant_names);
 }
 
-py::object dequantize(py::handle codes, py::handle scales, py::handle fmt, const std::string& kind,
-                      std::int64_t rows, std::int64_t cols, py::handle out,
-                      const py::function& empty, std::int64_t threads, std::uintptr_t stream) {
-  const kernels::target t = to_target(fmt);
-  const kernels::grouping g = make_grouping(kind, rows, cols);
-  const kernels::exec ex = exec_of(threads, stream);
+// What both dequantizations share: codes of fmt and scales taken, float32 values the shape of
+// the codes allocated (or out checked), the kernel run without the GIL, its refusals in
+// Python's terms.
+template <class Run>
+py::object dequantize_with(py::handle codes, py::handle scales, const dtype_rule& scales_rule,
+                           const kernels::target& t, py::handle out, const py::function& empty,
+                           std::uintptr_t stream, Run&& run) {
   const array_arg ca = take(codes, "codes", stream, {any_dtype, codes_refusal(t)});
-  const array_arg sa = take(scales, "scales", stream, {{dtype::float32}, ""});
+  const array_arg sa = take(scales, "scales", stream, scales_rule);
   const py::object result = result_array(out, empty, ca.shape, dtype::float32);
   const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
   require_shape(oa, ca.shape, "the shape of codes");
   const kernels::tensor_view cv = view_of(ca), sv = view_of(sa), ov = view_of(oa);
   try {
     py::gil_scoped_release no_gil;
-    kernels::dequantize(cv, sv, ov, t, g, ex);
+    run(cv, sv, ov);
   } catch (const error& e) {
     rethrow_dequantize(e, ca, t);
   }
   return result;
+}
+
+py::object dequantize(py::handle codes, py::handle scales, py::handle fmt, const std::string& kind,
+                      std::int64_t rows, std::int64_t cols, py::handle out,
+                      const py::function& empty, std::int64_t threads, std::uintptr_t stream) {
+  const kernels::target t = to_target(fmt);
+  const kernels::grouping g = make_grouping(kind, rows, cols);
+  const kernels::exec ex = exec_of(threads, stream);
+  return dequantize_with(codes, scales, {{dtype::float32}, ""}, t, out, empty, stream,
+                         [&](const auto& cv, const auto& sv, const auto& ov) {
+                           kernels::dequantize(cv, sv, ov, t, g, ex);
+                         });
 }
 
 kernels::history_reduce parse_reduce(const std::string& s) {
@@ -289,20 +302,11 @@ py::object dequantize_mx(py::handle codes, py::handle scales, py::handle fmt, st
                          std::uintptr_t stream) {
   const kernels::target t = to_target(fmt);
   const kernels::exec ex = exec_of(threads, stream);
-  const array_arg ca = take(codes, "codes", stream, {any_dtype, codes_refusal(t)});
-  const array_arg sa = take(scales, "scales", stream,
-                            {{dtype::uint8}, "does not hold E8M0 scale codes; expected uint8"});
-  const py::object result = result_array(out, empty, ca.shape, dtype::float32);
-  const array_arg oa = take(result, "out", stream, {{dtype::float32}, ""}, true);
-  require_shape(oa, ca.shape, "the shape of codes");
-  const kernels::tensor_view cv = view_of(ca), sv = view_of(sa), ov = view_of(oa);
-  try {
-    py::gil_scoped_release no_gil;
-    kernels::dequantize_mx(cv, sv, ov, t, block, ex);
-  } catch (const error& e) {
-    rethrow_dequantize(e, ca, t);
-  }
-  return result;
+  return dequantize_with(codes, scales,
+                         {{dtype::uint8}, "does not hold E8M0 scale codes; expected uint8"}, t, out,
+                         empty, stream, [&](const auto& cv, const auto& sv, const auto& ov) {
+                           kernels::dequantize_mx(cv, sv, ov, t, block, ex);
+                         });
 }
 
 } // namespace
