@@ -1,0 +1,2 @@
+// Work in progress: filled in by the GEMM layer commits.
+#include "gemm_internal.hpp"
