@@ -15,4 +15,10 @@ void bind_verify(pybind11::module_& m);
 // Block-wise codebook quantization and SRAM-quantiles (python/src/blockwise.cpp).
 void bind_blockwise(pybind11::module_& m);
 
+// The scaled matmul of the GEMM layer (gemm.cpp).
+void bind_gemm(pybind11::module_& m);
+
+// The optimizer steps (optim.cpp).
+void bind_optim(pybind11::module_& m);
+
 } // namespace lowbit::python

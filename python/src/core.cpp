@@ -98,4 +98,6 @@ PYBIND11_MODULE(_core, m) {
   lp::bind_quantize(m);
   lp::bind_verify(m);
   lp::bind_blockwise(m);
+  lp::bind_gemm(m);
+  lp::bind_optim(m);
 }

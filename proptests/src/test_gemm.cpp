@@ -1,0 +1,2 @@
+// Work in progress.
+#include <gtest/gtest.h>
