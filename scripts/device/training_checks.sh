@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the `device` tool), after build.sh: the checks of the training
+# techniques (the GEMM layer, the low-precision linears, the optimizers): their GPU tests, the
+# sanitizer on them, their benchmarks, the Python tests with CUDA tensors, the layer benchmark
+# against bf16 nn.Linear and torchao, and the small training runs. Everything lands in $OUT; one
+# line per step and the numbers are printed last.
+#
+# torchao comes from its PyPI wheel carried in .deps/wheels (nothing can be downloaded there);
+# it is unpacked into a scratch directory, never installed into the system.
+#   GPU_CHECKS_BUDGET_S   seconds for the whole script (default 480)
+#   TRAIN_STEPS           steps of each training run (default 300)
+#   STEPS                 which steps to run (default all): a list of the names below
+set -uo pipefail
+bin=.deps/bin
+out=${OUT:-/tmp/out}
+budget=${GPU_CHECKS_BUDGET_S:-480}
+steps=${STEPS:-gpu_tests memcheck bench python linear train}
+pybuild=${LOWBIT_DEVICE_BUILD:-/tmp/lowbit-device}/python
+export LD_LIBRARY_PATH=$bin:${LD_LIBRARY_PATH:-}
+summary=()
+want() { [[ " $steps " == *" $1 "* ]]; }
+run() { # name, timeout in seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - SECONDS - 10))
+  if ((left < 20)); then
+    summary+=("$(printf '%-32s rc=%-4s' "$name" skip)")
+    return
+  fi
+  ((limit > left)) && limit=$left
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-32s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
+  tail -n 6 "$out/$name.log"
+}
+ao=/tmp/lowbit-torchao
+if ls .deps/wheels/torchao-*.whl > /dev/null 2>&1 && [[ ! -d $ao ]]; then
+  python3 -m pip install --no-deps --no-index --target "$ao" .deps/wheels/torchao-*.whl -q \
+    > "$out/torchao_unpack.log" 2>&1 || true
+fi
+filter='gpu_gemm.*:gpu_optim.*'
+if want gpu_tests; then
+  run gpu_tests 150 env RC_PARAMS="max_success=100" $bin/lowbit_gpu_tests --gtest_filter="$filter"
+fi
+if want memcheck; then
+  run memcheck 150 env RC_PARAMS="max_success=5" compute-sanitizer --tool memcheck \
+    --error-exitcode 9 $bin/lowbit_gpu_tests --gtest_filter="$filter"
+fi
+if want bench; then
+  run bench 200 $bin/lowbit_bench_gpu --benchmark_filter='^(copy|gemm|optim)' \
+    --benchmark_out="$out/bench_training.json" --benchmark_out_format=json
+fi
+if want python; then
+  run python 200 env PYTHONPATH="$pybuild" python3 -m pytest -q -p no:cacheprovider -rs \
+    -m "torch or gpu" python/tests/test_gemm.py python/tests/test_nn_linear.py \
+    $(ls python/tests/test_optim*.py 2> /dev/null)
+fi
+if want linear; then
+  run linear 240 env PYTHONPATH="$pybuild:$ao" python3 bench/linear_torch.py "$out/linear_torch.json"
+fi
+if want train; then
+  run train 300 env PYTHONPATH="$pybuild" python3 bench/train_tiny.py --out "$out" \
+    --steps "${TRAIN_STEPS:-300}"
+fi
+echo "== benchmarks"
+[[ -f $out/bench.log ]] && grep -E "^(copy|gemm|optim)" "$out/bench.log" |
+  awk '{n = $1; sub(/\/min_time:.*/, "", n); sub(/\/manual_time/, "", n); printf "%-60s %9s %s", n, $2, $3
+        for (i = 7; i <= NF; i++) if ($i !~ /^bytes_per_second=/) printf " %s", $i
+        print ""}'
+echo "== steps (budget ${budget}s, used ${SECONDS}s)"
+printf '%s\n' "${summary[@]}"
