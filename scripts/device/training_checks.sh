@@ -5,8 +5,9 @@
 # against bf16 nn.Linear and torchao, and the small training runs. Everything lands in $OUT; one
 # line per step and the numbers are printed last.
 #
-# torchao comes from its PyPI wheel carried in .deps/wheels (nothing can be downloaded there);
-# it is unpacked into a scratch directory, never installed into the system.
+# The peers (torchao, bitsandbytes, torch-optimi) come unpacked from their PyPI wheels in
+# .deps/py (nothing can be downloaded there; bitsandbytes keeps only its CUDA 13.0 and CPU
+# libraries), put on PYTHONPATH for the benchmarks alone, never installed.
 #   GPU_CHECKS_BUDGET_S   seconds for the whole script (default 480)
 #   TRAIN_STEPS           steps of each training run (default 300)
 #   STEPS                 which steps to run (default all): a list of the names below
@@ -14,7 +15,7 @@ set -uo pipefail
 bin=.deps/bin
 out=${OUT:-/tmp/out}
 budget=${GPU_CHECKS_BUDGET_S:-480}
-steps=${STEPS:-gpu_tests memcheck bench python linear train}
+steps=${STEPS:-gpu_tests memcheck bench python linear optim train}
 pybuild=${LOWBIT_DEVICE_BUILD:-/tmp/lowbit-device}/python
 export LD_LIBRARY_PATH=$bin:${LD_LIBRARY_PATH:-}
 summary=()
@@ -34,11 +35,7 @@ run() { # name, timeout in seconds, command...
   summary+=("$(printf '%-32s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
   tail -n 6 "$out/$name.log"
 }
-ao=/tmp/lowbit-torchao
-if ls .deps/wheels/torchao-*.whl > /dev/null 2>&1 && [[ ! -d $ao ]]; then
-  python3 -m pip install --no-deps --no-index --target "$ao" .deps/wheels/torchao-*.whl -q \
-    > "$out/torchao_unpack.log" 2>&1 || true
-fi
+ao=$PWD/.deps/py
 filter='gpu_gemm.*:gpu_optim.*'
 if want gpu_tests; then
   run gpu_tests 150 env RC_PARAMS="max_success=100" $bin/lowbit_gpu_tests --gtest_filter="$filter"
@@ -58,6 +55,9 @@ if want python; then
 fi
 if want linear; then
   run linear 240 env PYTHONPATH="$pybuild:$ao" python3 bench/linear_torch.py "$out/linear_torch.json"
+fi
+if want optim && [[ -f bench/optim_torch.py ]]; then
+  run optim 180 env PYTHONPATH="$pybuild:$ao" python3 bench/optim_torch.py "$out/optim_torch.json"
 fi
 if want train; then
   run train 300 env PYTHONPATH="$pybuild" python3 bench/train_tiny.py --out "$out" \
