@@ -1,2 +1,300 @@
-// Work in progress: filled in by the GEMM layer commits.
+// Host API of the scaled matmul: every argument checked with a message naming it, then the CPU
+// twin (CPU views) or the CUDA backend that gemm_options asks for or `automatic` picks
+// (docs/techniques/gemm.md has the table).
+#include <lowbit/emu/names.hpp>
+#include <lowbit/kernels/gemm.hpp>
+
+#include <string>
+
+#include "../common/device_check.hpp"
 #include "gemm_internal.hpp"
+
+namespace lowbit::kernels {
+
+const char* gemm_backend_name(gemm_backend b) {
+  switch (b) {
+  case gemm_backend::automatic: return "automatic";
+  case gemm_backend::simt: return "simt";
+  case gemm_backend::cublaslt: return "cublaslt";
+  case gemm_backend::cutlass: return "cutlass";
+  case gemm_backend::widened: return "widened";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::string target_name(const target& t) {
+  return t.is_int ? emu::int_format_name(t.ifmt) : emu::format_name(t.fmt);
+}
+
+// The element type of a format, and the dtype its codes must have.
+gemm_elem elem_of(const target& t, const char* arg, dtype& codes_type) {
+  if (t.is_int && t.ifmt == emu::int8) {
+    codes_type = dtype::int8;
+    return gemm_elem::int8;
+  }
+  if (t.is_int && t.ifmt == emu::int8_sym) {
+    codes_type = dtype::int8;
+    return gemm_elem::int8;
+  }
+  if (!t.is_int && t.fmt == emu::e4m3fn) {
+    codes_type = dtype::uint8;
+    return gemm_elem::e4m3;
+  }
+  if (!t.is_int && t.fmt == emu::e5m2) {
+    codes_type = dtype::uint8;
+    return gemm_elem::e5m2;
+  }
+  if (!t.is_int && t.fmt == emu::bfloat16) {
+    codes_type = dtype::bfloat16;
+    return gemm_elem::bf16;
+  }
+  if (!t.is_int && t.fmt == emu::float16) {
+    codes_type = dtype::float16;
+    return gemm_elem::f16;
+  }
+  throw error(errc::invalid_argument,
+              std::string(arg) + ": format " + target_name(t) +
+                  " is not a matmul operand format (int8, int8_sym, e4m3fn, e5m2, bfloat16, "
+                  "float16)");
+}
+
+// The checks of require_valid but the data pointer's, which check_data makes last: a problem
+// that is refused for its shape (K over the int8 limit) is refused before anything is read.
+void check_view(const tensor_view& v, const char* arg) {
+  require(v.ndim >= 0 && v.ndim <= max_dims, errc::invalid_argument,
+          std::string(arg) + ": at most 8 dimensions");
+  for (int i = 0; i < v.ndim; ++i)
+    require(v.shape[i] >= 0, errc::invalid_argument,
+            std::string(arg) + ": negative extent in shape " + v.shape_string());
+}
+
+void check_data(const tensor_view& v, const char* arg) {
+  require(v.data != nullptr || v.numel() == 0, errc::invalid_argument,
+          std::string(arg) + ": null data pointer for a non-empty tensor");
+}
+
+// A default-constructed view (no dimensions, null data) stands for "none" where a tensor may
+// have no elements (scales, bias), as the header's "no elements (data may be null)" reads.
+tensor_view none_if_default(const tensor_view& v) {
+  if (v.ndim != 0 || v.data != nullptr)
+    return v;
+  tensor_view e;
+  e.ndim = 1;
+  e.shape[0] = 0;
+  e.strides[0] = 1;
+  return e;
+}
+
+struct side_views {
+  const char* codes_arg;
+  const char* scales_arg;
+  const char* fmt_arg;
+};
+
+gemm_side check_side(const gemm_operand& op, const side_views& names, std::int64_t& k) {
+  gemm_side s;
+  const tensor_view scales = none_if_default(op.scales);
+  dtype want;
+  s.elem = elem_of(op.fmt, names.fmt_arg, want);
+  check_view(op.codes, names.codes_arg);
+  require(op.codes.ndim >= 1, errc::invalid_argument,
+          std::string(names.codes_arg) + ": expected a (rows x K) matrix, got a scalar");
+  require_dtype(op.codes, names.codes_arg, {want});
+  const matrix_shape m = as_matrix(op.codes, names.codes_arg);
+  s.codes = op.codes.data;
+  s.rows = m.rows;
+  s.row_stride = m.row_stride;
+  k = m.cols;
+
+  check_view(scales, names.scales_arg);
+  require_dtype(scales, names.scales_arg, {dtype::float32});
+  const std::int64_t ns = scales.numel();
+  require(ns == 0 || ns == 1 || ns == m.rows, errc::invalid_argument,
+          std::string(names.scales_arg) + ": expected 0 (no scales), 1 (one per tensor) or " +
+              std::to_string(m.rows) + " (one per row) elements but got shape " +
+              scales.shape_string());
+  if (ns > 0) {
+    require_contiguous(scales, names.scales_arg);
+    require_same_device(op.codes, names.codes_arg, scales, names.scales_arg);
+  }
+  // One row: a one-element scale is both readings, and reading it as the tensor's is cheaper.
+  s.mode = ns == 0 ? scale_mode::none : (ns == 1 ? scale_mode::tensor : scale_mode::rows);
+  s.scales = ns == 0 ? nullptr : static_cast<const float*>(scales.data);
+  return s;
+}
+
+int kind_of(gemm_elem e) {
+  return e == gemm_elem::int8 ? 0 : (gemm_is_fp8(e) ? 1 : 2);
+}
+
+// Everything but the device memory checks, which need the CUDA runtime.
+gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_view& bias_in,
+                   const tensor_view& out) {
+  gemm_problem p;
+  const tensor_view bias = none_if_default(bias_in);
+  std::int64_t ka = 0, kb = 0;
+  p.a = check_side(a, {"a.codes", "a.scales", "a.fmt"}, ka);
+  p.b = check_side(b, {"b.codes", "b.scales", "b.fmt"}, kb);
+  const int kind_a = kind_of(p.a.elem), kind_b = kind_of(p.b.elem);
+  require(kind_a == kind_b && (kind_a != 2 || p.a.elem == p.b.elem), errc::invalid_argument,
+          "b.fmt: " + target_name(b.fmt) + " cannot be multiplied with a.fmt " +
+              target_name(a.fmt) +
+              " (int8 takes int8, fp8 takes fp8 of either e4m3fn or e5m2, a 16-bit format "
+              "takes the same format)");
+  require(ka == kb, errc::invalid_argument,
+          "b.codes: K (the last dimension) is " + std::to_string(kb) + " but a.codes has K " +
+              std::to_string(ka));
+  p.m = p.a.rows;
+  p.n = p.b.rows;
+  p.k = ka;
+  if (p.a.elem == gemm_elem::int8) {
+    const bool sym = a.fmt.ifmt == emu::int8_sym && b.fmt.ifmt == emu::int8_sym;
+    const std::int64_t limit = sym ? gemm_int8_sym_k_limit : gemm_int8_k_limit;
+    require(p.k <= limit, errc::invalid_argument,
+            "a.codes: K = " + std::to_string(p.k) + " exceeds " + std::to_string(limit) +
+                ", the largest K whose int32 sum of " + target_name(a.fmt) + " x " +
+                target_name(b.fmt) +
+                " products cannot overflow (split K and add the partial results)");
+  }
+
+  check_view(bias, "bias");
+  const std::int64_t nb = bias.numel();
+  if (nb > 0) {
+    require_dtype(bias, "bias", {dtype::float32, dtype::bfloat16, dtype::float16});
+    require(nb == p.n, errc::invalid_argument,
+            "bias: expected " + std::to_string(p.n) +
+                " elements (one per row of b) or none, "
+                "but got shape " +
+                bias.shape_string());
+    require_contiguous(bias, "bias");
+    require_same_device(a.codes, "a.codes", bias, "bias");
+    p.bias = bias.data;
+    p.bias_type = bias.type;
+  }
+
+  check_view(out, "out");
+  require_dtype(out, "out", {dtype::float32, dtype::bfloat16, dtype::float16});
+  require(out.ndim >= 1, errc::invalid_argument, "out: expected a (M x N) matrix, got a scalar");
+  const matrix_shape om = as_matrix(out, "out");
+  require(om.rows == p.m && om.cols == p.n, errc::invalid_argument,
+          "out: expected " + std::to_string(p.m) + " x " + std::to_string(p.n) +
+              " (rows of a x rows of b) but got shape " + out.shape_string());
+  p.out = out.data;
+  p.out_type = out.type;
+  p.out_stride = om.row_stride;
+
+  require_same_device(a.codes, "a.codes", b.codes, "b.codes");
+  require_same_device(a.codes, "a.codes", out, "out");
+
+  check_data(a.codes, "a.codes");
+  check_data(b.codes, "b.codes");
+  check_data(none_if_default(a.scales), "a.scales");
+  check_data(none_if_default(b.scales), "b.scales");
+  check_data(bias, "bias");
+  check_data(out, "out");
+  p.dev = a.codes.dev;
+  return p;
+}
+
+// Why `b` cannot run p on the current device; empty when it can.
+std::string refusal(gemm_backend b, const gemm_problem& p) {
+  const bool int8 = p.a.elem == gemm_elem::int8;
+  const bool fp8 = gemm_is_fp8(p.a.elem);
+  switch (b) {
+  case gemm_backend::automatic:
+  case gemm_backend::simt: return {};
+  case gemm_backend::cublaslt: return cuda::cublaslt_refusal(p);
+  case gemm_backend::cutlass:
+    if (fp8)
+      return "the CUTLASS kernels take int8 and 16-bit operands; fp8 runs on cublaslt "
+             "(sm_89+) or widened";
+    if (!cuda::cutlass_sm90_available(p))
+      return "this build or device has no CUTLASS sm_90 kernel for the problem (it needs an "
+             "sm_90 device, a build for sm_90a with CUTLASS, and the kernels' alignment)";
+    return {};
+  case gemm_backend::widened:
+    if (int8)
+      return "widening is for fp8 operands; int8 sums are exact on simt, cublaslt and cutlass";
+    if (!fp8)
+      return "widening is for fp8 operands; 16-bit operands run on cublaslt or cutlass as "
+             "they are";
+    return {};
+  }
+  return "unknown backend";
+}
+
+gemm_backend choose(const gemm_problem& p) {
+  if (p.k == 0 || p.m == 0 || p.n == 0)
+    return gemm_backend::simt; // nothing to multiply: the simt kernel writes round(bias)
+  if (gemm_is_fp8(p.a.elem))
+    return refusal(gemm_backend::cublaslt, p).empty() ? gemm_backend::cublaslt
+                                                      : gemm_backend::widened;
+  if (refusal(gemm_backend::cutlass, p).empty())
+    return gemm_backend::cutlass;
+  if (refusal(gemm_backend::cublaslt, p).empty())
+    return gemm_backend::cublaslt;
+  return gemm_backend::simt;
+}
+
+// Which backend would take p, for the message of an explicit one that cannot.
+std::string alternative(const gemm_problem& p) {
+  return std::string(gemm_backend_name(choose(p))) + " (what automatic picks here) would";
+}
+
+void run(gemm_backend b, const gemm_problem& p, const exec& ex) {
+  switch (b) {
+  case gemm_backend::simt: return cuda::simt_matmul(p, ex);
+  case gemm_backend::cublaslt: return cuda::cublaslt_matmul(p, ex);
+  case gemm_backend::cutlass: return cuda::cutlass_sm90_matmul(p, ex);
+  case gemm_backend::widened: return cuda::widened_matmul(p, ex);
+  case gemm_backend::automatic: break;
+  }
+  throw error(errc::invalid_argument, "opt.backend: not a backend");
+}
+
+void require_device_views(const gemm_operand& a, const gemm_operand& b, const tensor_view& bias,
+                          const tensor_view& out) {
+  const tensor_view sa = none_if_default(a.scales), sb = none_if_default(b.scales),
+                    bv = none_if_default(bias);
+  require_device_memory({&a.codes, &b.codes, &sa, &sb, &bv, &out},
+                        {"a.codes", "b.codes", "a.scales", "b.scales", "bias", "out"});
+}
+
+} // namespace
+
+void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_view& bias,
+                   const tensor_view& out, const gemm_options& opt, const exec& ex) {
+  require(opt.backend <= gemm_backend::widened, errc::invalid_argument,
+          "opt.backend: not a backend");
+  const gemm_problem p = check(a, b, bias, out);
+  if (p.dev.type != device_type::cuda)
+    return cpu::scaled_matmul(p, ex);
+  require_device_views(a, b, bias, out);
+  if (p.m == 0 || p.n == 0)
+    return;
+  gemm_backend use = opt.backend;
+  if (use == gemm_backend::automatic) {
+    use = choose(p);
+  } else if (p.k > 0) {
+    const std::string why = refusal(use, p);
+    require(why.empty(), errc::unsupported,
+            std::string("opt.backend: ") + gemm_backend_name(use) +
+                " cannot take this problem: " + why + "; " + alternative(p));
+  } else {
+    use = gemm_backend::simt; // K = 0 launches no GEMM on any backend
+  }
+  run(use, p, ex);
+}
+
+gemm_backend gemm_backend_for(const gemm_operand& a, const gemm_operand& b,
+                              const tensor_view& out) {
+  const gemm_problem p = check(a, b, tensor_view{}, out);
+  if (p.dev.type != device_type::cuda)
+    return gemm_backend::simt;
+  require_device_views(a, b, tensor_view{}, out);
+  return choose(p);
+}
+
+} // namespace lowbit::kernels

@@ -1,2 +1,90 @@
-// Work in progress: filled in by the GEMM layer commits.
+// CPU twin of the scaled matmul, the witness of every backend: exact int32 sums for int8, and for
+// fp8 and 16-bit operands the float32 sum acc = acc + a*b over k = 0, 1, ..., K-1 in order (the
+// simt kernel's order), then gemm_finish. Threads split the rows of the output; each output's
+// arithmetic is the same whatever the split.
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "../common/cpu.hpp"
 #include "gemm_internal.hpp"
+
+namespace lowbit::kernels::cpu {
+
+namespace {
+
+// An 8-bit operand's values by code (decoding is exact, so a table changes no result).
+std::array<float, 256> table_of(gemm_elem e) {
+  std::array<float, 256> t{};
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const std::uint8_t code = static_cast<std::uint8_t>(c);
+    t[c] = gemm_value(e, &code, 0);
+  }
+  return t;
+}
+
+void int8_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
+  const auto* a = static_cast<const std::int8_t*>(p.a.codes);
+  const auto* b = static_cast<const std::int8_t*>(p.b.codes);
+  for (std::int64_t m = m0; m < m1; ++m) {
+    const std::int8_t* ar = a + m * p.a.row_stride;
+    for (std::int64_t n = 0; n < p.n; ++n) {
+      const std::int8_t* br = b + n * p.b.row_stride;
+      // The K limit keeps every partial sum inside int32; int64 costs nothing here.
+      std::int64_t acc = 0;
+      for (std::int64_t k = 0; k < p.k; ++k)
+        acc += std::int32_t{ar[k]} * std::int32_t{br[k]};
+      gemm_finish(p, m, n, static_cast<float>(static_cast<std::int32_t>(acc)));
+    }
+  }
+}
+
+// a's row decoded once into `av`; b read through `value` (a table or a 16-bit load).
+template <class ValueB>
+void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB value_b) {
+  std::vector<float> av(static_cast<std::size_t>(p.k));
+  for (std::int64_t m = m0; m < m1; ++m) {
+    for (std::int64_t k = 0; k < p.k; ++k)
+      av[static_cast<std::size_t>(k)] = gemm_value(p.a.elem, p.a.codes, m * p.a.row_stride + k);
+    for (std::int64_t n = 0; n < p.n; ++n) {
+      const std::int64_t b0 = n * p.b.row_stride;
+      float acc = 0.0f;
+      for (std::int64_t k = 0; k < p.k; ++k) {
+        const float prod = av[static_cast<std::size_t>(k)] * value_b(b0 + k);
+        acc = acc + prod;
+      }
+      gemm_finish(p, m, n, acc);
+    }
+  }
+}
+
+void rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
+  if (p.k == 0) {
+    for (std::int64_t m = m0; m < m1; ++m)
+      for (std::int64_t n = 0; n < p.n; ++n)
+        gemm_empty_k(p, m, n);
+    return;
+  }
+  if (p.a.elem == gemm_elem::int8)
+    return int8_rows(p, m0, m1);
+  if (gemm_is_fp8(p.b.elem)) {
+    const std::array<float, 256> tb = table_of(p.b.elem);
+    const auto* b = static_cast<const std::uint8_t*>(p.b.codes);
+    return float_rows(p, m0, m1, [&](std::int64_t i) { return tb[b[i]]; });
+  }
+  return float_rows(p, m0, m1, [&](std::int64_t i) { return gemm_value(p.b.elem, p.b.codes, i); });
+}
+
+} // namespace
+
+void scaled_matmul(const gemm_problem& p, const exec& ex) {
+  if (p.m == 0 || p.n == 0)
+    return;
+  // Rows per thread: about 2^16 multiply-adds of work at least.
+  const std::int64_t per_row = p.n * (p.k > 0 ? p.k : 1);
+  const std::int64_t grain = per_row >= (1 << 16) ? 1 : (1 << 16) / per_row;
+  parallel_for(
+      p.m, ex.threads, [&](std::int64_t m0, std::int64_t m1) { rows(p, m0, m1); }, grain);
+}
+
+} // namespace lowbit::kernels::cpu

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/emu/format.hpp>
 #include <lowbit/kernels/gemm.hpp>
 
+#include "../common/element_ops.hpp"
 #include "../common/matrix.hpp"
 
 namespace lowbit::kernels {
@@ -37,12 +41,102 @@ struct gemm_problem {
   device dev{};
 };
 
+// K up to which an int32 sum of int8 products is exact: floor((2^31 - 1) / 128^2), and for two
+// symmetric int8 operands (no -128 code) one below floor((2^31 - 1) / 127^2) = 133144, the
+// header's (safe) figure.
+inline constexpr std::int64_t gemm_int8_k_limit = 131071;
+inline constexpr std::int64_t gemm_int8_sym_k_limit = 133143;
+static_assert(gemm_int8_k_limit * 128 * 128 <= 2147483647LL &&
+              (gemm_int8_k_limit + 1) * 128 * 128 > 2147483647LL);
+static_assert(gemm_int8_sym_k_limit * 127 * 127 <= 2147483647LL);
+
+// The exact float32 value of one element of an fp8 or 16-bit operand (the int8 path sums
+// integers and never calls this).
+LOWBIT_HD inline float gemm_value(gemm_elem e, const void* codes, std::int64_t i) {
+  switch (e) {
+  case gemm_elem::e4m3: {
+    constexpr emu::format f = emu::e4m3fn; // a local copy: device code cannot bind the global
+    return emu::decode<float>(f, static_cast<const std::uint8_t*>(codes)[i]);
+  }
+  case gemm_elem::e5m2: {
+    constexpr emu::format f = emu::e5m2;
+    return emu::decode<float>(f, static_cast<const std::uint8_t*>(codes)[i]);
+  }
+  case gemm_elem::bf16:
+    return element_ops::load(element_ops::bf16_bits{static_cast<const std::uint16_t*>(codes)[i]});
+  case gemm_elem::f16:
+    return element_ops::load(element_ops::f16_bits{static_cast<const std::uint16_t*>(codes)[i]});
+  case gemm_elem::int8: return static_cast<float>(static_cast<const std::int8_t*>(codes)[i]);
+  }
+  return 0.0f;
+}
+
+// An operand's scale for one of its rows (1 without scales).
+LOWBIT_HD inline float gemm_scale(const float* scales, scale_mode mode, std::int64_t row) {
+  return mode == scale_mode::none ? 1.0f : scales[mode == scale_mode::rows ? row : 0];
+}
+
+// bias[n] as float32 (0 without bias); bias is float32, bfloat16 or float16.
+LOWBIT_HD inline float gemm_bias(const void* bias, dtype t, std::int64_t n) {
+  if (bias == nullptr)
+    return 0.0f;
+  if (t == dtype::bfloat16)
+    return element_ops::load(element_ops::bf16_bits{static_cast<const std::uint16_t*>(bias)[n]});
+  if (t == dtype::float16)
+    return element_ops::load(element_ops::f16_bits{static_cast<const std::uint16_t*>(bias)[n]});
+  return static_cast<const float*>(bias)[n];
+}
+
+// Writes v to out[i] rounded to out's dtype, nearest-even (overflow is Inf). Every NaN is
+// written as the positive quiet NaN (float32 0x7FC00000, bfloat16 0x7FC0, float16 0x7E00): the
+// sign and payload of a NaN that float arithmetic makes differ between CPUs and GPUs, and the
+// backends must agree bit for bit.
+LOWBIT_HD inline void gemm_store(void* out, dtype t, std::int64_t i, float v) {
+  const bool nan = !(v == v);
+  if (t == dtype::bfloat16) {
+    constexpr emu::format f = emu::bfloat16;
+    static_cast<std::uint16_t*>(out)[i] =
+        nan ? std::uint16_t{0x7FC0} : static_cast<std::uint16_t>(emu::encode(f, v, emu::policy{}));
+  } else if (t == dtype::float16) {
+    constexpr emu::format f = emu::float16;
+    static_cast<std::uint16_t*>(out)[i] =
+        nan ? std::uint16_t{0x7E00} : static_cast<std::uint16_t>(emu::encode(f, v, emu::policy{}));
+  } else {
+    static_cast<float*>(out)[i] = nan ? emu::detail::bit_cast<float>(0x7FC00000u) : v;
+  }
+}
+
 // The epilogue of docs/techniques/gemm.md, one element: every backend computes exactly this
 // (host and device; the build has no FMA contraction: --fmad=false, -ffp-contract=off).
 LOWBIT_HD inline float gemm_epilogue(float acc, float sa, float sb, float bias) {
   float v = acc * sa;
   v = v * sb;
   return v + bias;
+}
+
+// One whole output element of the rule from its accumulator: the epilogue with its row's and
+// column's scales and bias, then the rounding to out's dtype.
+LOWBIT_HD inline void gemm_finish(const gemm_problem& p, std::int64_t m, std::int64_t n,
+                                  float acc) {
+  const float v =
+      gemm_epilogue(acc, gemm_scale(p.a.scales, p.a.mode, m), gemm_scale(p.b.scales, p.b.mode, n),
+                    gemm_bias(p.bias, p.bias_type, n));
+  gemm_store(p.out, p.out_type, m * p.out_stride + n, v);
+}
+
+// K = 0 (the header's empty problem): out = round(bias), or +0 without bias; no scale is read.
+LOWBIT_HD inline void gemm_empty_k(const gemm_problem& p, std::int64_t m, std::int64_t n) {
+  gemm_store(p.out, p.out_type, m * p.out_stride + n, gemm_bias(p.bias, p.bias_type, n));
+}
+
+inline bool gemm_is_fp8(gemm_elem e) {
+  return e == gemm_elem::e4m3 || e == gemm_elem::e5m2;
+}
+inline bool gemm_is_16bit(gemm_elem e) {
+  return e == gemm_elem::bf16 || e == gemm_elem::f16;
+}
+inline std::size_t gemm_elem_size(gemm_elem e) {
+  return gemm_is_16bit(e) ? 2 : 1;
 }
 
 namespace cpu {
@@ -61,6 +155,16 @@ void cublaslt_matmul(const gemm_problem& p, const exec& ex);
 // False when this build has no CUTLASS sm_90 kernels for the problem (then another backend runs).
 bool cutlass_sm90_available(const gemm_problem& p);
 void cutlass_sm90_matmul(const gemm_problem& p, const exec& ex);
+
+// The unfused epilogue (gemm.cu): acc is an (M x N) int32 (acc_is_int) or float32 matrix in
+// device memory with row stride acc_ld; one kernel applies gemm_finish to every element. The
+// cuBLASLt paths that cannot fuse the rule's epilogue end with it.
+void finish_matmul(const gemm_problem& p, const void* acc, bool acc_is_int, std::int64_t acc_ld,
+                   const exec& ex);
+
+// Why cuBLASLt cannot take the problem on this device (empty when it can): the element types,
+// the architecture, the alignment of pointers and leading dimensions.
+std::string cublaslt_refusal(const gemm_problem& p);
 } // namespace cuda
 
 } // namespace lowbit::kernels

@@ -12,6 +12,8 @@
 
 namespace lowbit::kernels {
 
+using target = emu::target; // as in quantize.hpp: this header must compile on its own
+
 // One operand, read as a (rows x K) matrix with K contiguous (matrix.hpp's reading: leading
 // dimensions collapse into rows, rows may be strided). A is (M x K), B is (N x K): both operands
 // are K-major ("TN"), which every tensor-core path takes for 8-bit types.
@@ -42,9 +44,10 @@ struct gemm_options {
 
 // out[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n]), each step one float32
 // operation rounded to nearest-even, no fused multiply-add; the last rounding to out's dtype is
-// nearest-even. acc is the exact int32 sum for int8 operands (K may not exceed the count that
-// keeps it exact: 131071, or 133143 for int8_sym codes) and a float32 sum of the exact products
-// for fp8 and 16-bit operands (the order depends on the backend: gemm.md).
+// nearest-even, and every NaN result is written as the positive quiet NaN (NaN signs and payloads
+// differ between CPUs and GPUs). acc is the exact int32 sum for int8 operands (K may not exceed the
+// count that keeps it exact: 131071, or 133143 for int8_sym codes) and a float32 sum of the exact
+// products for fp8 and 16-bit operands (the order depends on the backend: gemm.md).
 //   out:  float32, bfloat16 or float16 (M x N), N contiguous, rows may be strided.
 //   bias: float32, bfloat16 or float16 [N], or no elements for none.
 // A, B, their scales, bias and out live on one device. Empty problems (M, N or K of 0) write
@@ -54,7 +57,6 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
 
 // The backend `automatic` picks for these operands on the current device (CUDA views), or simt
 // for CPU views; throws where no backend takes them.
-gemm_backend gemm_backend_for(const gemm_operand& a, const gemm_operand& b,
-                              const tensor_view& out);
+gemm_backend gemm_backend_for(const gemm_operand& a, const gemm_operand& b, const tensor_view& out);
 
 } // namespace lowbit::kernels
