@@ -277,6 +277,17 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
   gemm_backend use = opt.backend;
   if (use == gemm_backend::automatic) {
     use = choose(p);
+    if (use == gemm_backend::cublaslt) {
+      try {
+        return run(use, p, ex);
+      } catch (const error& e) {
+        if (e.code() != errc::unsupported)
+          throw;
+        // cuBLASLt's heuristic had no algorithm (before anything was launched): the backend
+        // that takes every problem of this kind.
+        use = gemm_is_fp8(p.a.elem) ? gemm_backend::widened : gemm_backend::simt;
+      }
+    }
   } else if (p.k > 0) {
     const std::string why = refusal(use, p);
     require(why.empty(), errc::unsupported,

@@ -1,2 +1,260 @@
-// Work in progress: filled in by the GEMM layer commits.
+// The cuBLASLt backend of the scaled matmul. Row-major A (M x K) and B (N x K) are, to cuBLASLt's
+// column-major eyes, A^T (K x M) and B^T (K x N), and row-major out (M x N) is out^T (N x M); so
+// out^T = B A^T runs as cuBLASLt's "TN" matmul with its A = our B (transposed) and its B = our A,
+// m = N, n = M, k = K (the layout fp8 and int8 tensor cores take).
+//   int8:   int32 sums (exact, whatever the order) into scratch, then the unfused epilogue.
+//   16-bit: float32 sums into scratch, then the unfused epilogue (the rule's epilogue exactly).
+//   fp8:    scales (tensor-wise as scalars, per-row as outer vectors), bias and out's rounding
+//           fused into cuBLASLt's epilogue where it takes them; else float32 sums into scratch
+//           and the unfused epilogue.
+// The algorithm is the heuristic's first for the descriptors, among those without split-K (one
+// sequence per dot product, no workspace reduction), so results are the same run to run.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../common/blas.hpp"
+#include "../common/cuda.hpp"
 #include "gemm_internal.hpp"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+
+using blas::check;
+
+cudaDataType_t cuda_type(gemm_elem e) {
+  switch (e) {
+  case gemm_elem::int8: return CUDA_R_8I;
+  case gemm_elem::e4m3: return CUDA_R_8F_E4M3;
+  case gemm_elem::e5m2: return CUDA_R_8F_E5M2;
+  case gemm_elem::bf16: return CUDA_R_16BF;
+  case gemm_elem::f16: return CUDA_R_16F;
+  }
+  return CUDA_R_8I;
+}
+
+cudaDataType_t cuda_type(dtype t) {
+  switch (t) {
+  case dtype::bfloat16: return CUDA_R_16BF;
+  case dtype::float16: return CUDA_R_16F;
+  case dtype::int32: return CUDA_R_32I;
+  default: return CUDA_R_32F;
+  }
+}
+
+// RAII over cuBLASLt's descriptors.
+struct matmul_desc {
+  cublasLtMatmulDesc_t d = nullptr;
+  matmul_desc(cublasComputeType_t ct, cudaDataType_t st) {
+    check(cublasLtMatmulDescCreate(&d, ct, st), "cublasLtMatmulDescCreate");
+  }
+  ~matmul_desc() { cublasLtMatmulDescDestroy(d); }
+  template <class T> void set(cublasLtMatmulDescAttributes_t attr, const T& v) {
+    check(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)), "cublasLtMatmulDescSetAttribute");
+  }
+};
+
+struct layout {
+  cublasLtMatrixLayout_t l = nullptr;
+  layout(cudaDataType_t t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    check(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows),
+                                     static_cast<std::uint64_t>(cols), ld),
+          "cublasLtMatrixLayoutCreate");
+  }
+  ~layout() { cublasLtMatrixLayoutDestroy(l); }
+};
+
+struct preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  explicit preference(std::uint64_t workspace) {
+    check(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate");
+    check(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace, sizeof(workspace)),
+          "cublasLtMatmulPreferenceSetAttribute");
+    // No split-K: each dot product is one sequence inside one kernel.
+    const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE;
+    check(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                               &schemes, sizeof(schemes)),
+          "cublasLtMatmulPreferenceSetAttribute");
+  }
+  ~preference() { cublasLtMatmulPreferenceDestroy(p); }
+};
+
+// The leading dimension cuBLASLt is told: an operand of one row reads no second row, so any
+// ld >= K serves, and one rounded up to 16 keeps the alignment rules out of its way.
+std::int64_t ld_of(const gemm_side& s, std::int64_t k) {
+  return s.rows <= 1 ? (k + 15) / 16 * 16 : s.row_stride;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// What cuBLASLt's fp8 epilogue does beyond the sums, where the rule's epilogue fits it.
+struct fused {
+  const float* scale_a = nullptr; // cuBLASLt's A: our B (null: 1)
+  const float* scale_b = nullptr; // cuBLASLt's B: our A
+  bool outer = false;             // per-row vectors (N for its A, M for its B), else scalars
+  const void* bias = nullptr;
+  cudaDataType_t bias_type = CUDA_R_16BF;
+};
+
+// D (column-major N x M, ld ldd, type dt) = op over p's operands; false when the heuristic has no
+// algorithm for these descriptors (nothing launched then).
+bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t dt,
+         std::int64_t ldd, const fused* f, const exec& ex) {
+  const bool integer = ct == CUBLAS_COMPUTE_32I;
+  matmul_desc desc(ct, integer ? CUDA_R_32I : CUDA_R_32F);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  if (f != nullptr) {
+    if (f->outer) {
+      const std::int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode);
+      desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode);
+    }
+    if (f->scale_a != nullptr)
+      desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(f->scale_a));
+    if (f->scale_b != nullptr)
+      desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(f->scale_b));
+    if (f->bias != nullptr) {
+      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(CUBLASLT_EPILOGUE_BIAS));
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, f->bias);
+      desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(f->bias_type));
+    }
+  }
+  layout la(cuda_type(p.b.elem), p.k, p.n, ld_of(p.b, p.k));
+  layout lb(cuda_type(p.a.elem), p.k, p.m, ld_of(p.a, p.k));
+  layout lc(dt, p.n, p.m, ldd);
+  const std::size_t ws_bytes = blas::workspace_bytes();
+  preference pref(ws_bytes);
+  cublasLtHandle_t h = blas::handle();
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+    return false;
+  check(st, "cublasLtMatmulAlgoGetHeuristic");
+  const cudaStream_t s = stream_of(ex);
+  scratch ws(result.workspaceSize > 0 ? result.workspaceSize : 4, s);
+  const std::int32_t ione = 1, izero = 0;
+  const float fone = 1.0f, fzero = 0.0f;
+  const void* alpha = integer ? static_cast<const void*>(&ione) : &fone;
+  const void* beta = integer ? static_cast<const void*>(&izero) : &fzero;
+  check(cublasLtMatmul(h, desc.d, alpha, p.b.codes, la.l, p.a.codes, lb.l, beta, d, lc.l, d, lc.l,
+                       &result.algo, ws.as<void>(), result.workspaceSize, s),
+        "cublasLtMatmul");
+  return true;
+}
+
+[[noreturn]] void no_algorithm(const gemm_problem& p) {
+  throw error(errc::unsupported,
+              "cublaslt: cuBLASLt has no algorithm without split-K for this problem (M = " +
+                  std::to_string(p.m) + ", N = " + std::to_string(p.n) +
+                  ", K = " + std::to_string(p.k) + "); simt takes any problem");
+}
+
+// Sums into an (M x N) scratch matrix of int32 or float32, then the unfused epilogue.
+void unfused(const gemm_problem& p, bool integer, const exec& ex) {
+  const std::int64_t ldd = (p.n + 3) / 4 * 4; // 16-byte columns of D
+  scratch acc(static_cast<std::size_t>(p.m * ldd) * 4, stream_of(ex));
+  if (!run(p, integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, acc.as<void>(),
+           integer ? CUDA_R_32I : CUDA_R_32F, ldd, nullptr, ex))
+    no_algorithm(p);
+  finish_matmul(p, acc.as<void>(), integer, ldd, ex);
+}
+
+// cuBLASLt's fp8 bias types: bfloat16 for bfloat16 and float32 out, float16 for float16 out.
+bool bias_fits(const gemm_problem& p) {
+  if (p.bias == nullptr)
+    return true;
+  if (p.out_type == dtype::float16)
+    return p.bias_type == dtype::float16;
+  return p.bias_type == dtype::bfloat16;
+}
+
+// The fp8 matmul with its epilogue in cuBLASLt; false when cuBLASLt would not take it.
+bool fp8_fused(const gemm_problem& p, const exec& ex) {
+  const std::size_t osize = dtype_size(p.out_type);
+  const bool out_ok = aligned16(p.out) && (p.m <= 1 || (p.out_stride * osize) % 16 == 0);
+  if (!out_ok || !bias_fits(p))
+    return false;
+  fused f;
+  const bool outer = p.a.mode == scale_mode::rows || p.b.mode == scale_mode::rows;
+  const cudaStream_t s = stream_of(ex);
+  // Outer-vector scaling takes vectors for both operands: a tensor's scale (or none) is
+  // broadcast into one.
+  scratch vecs(outer ? static_cast<std::size_t>(p.m + p.n) * 4 : 4, s);
+  if (outer) {
+    float* vb = vecs.as<float>();
+    float* va = vb + p.n;
+    f.outer = true;
+    if (p.b.mode == scale_mode::rows) {
+      f.scale_a = p.b.scales;
+    } else {
+      broadcast_scales(p.b.scales, p.b.mode, p.n, vb, ex);
+      f.scale_a = vb;
+    }
+    if (p.a.mode == scale_mode::rows) {
+      f.scale_b = p.a.scales;
+    } else {
+      broadcast_scales(p.a.scales, p.a.mode, p.m, va, ex);
+      f.scale_b = va;
+    }
+  } else {
+    f.scale_a = p.b.mode == scale_mode::tensor ? p.b.scales : nullptr;
+    f.scale_b = p.a.mode == scale_mode::tensor ? p.a.scales : nullptr;
+  }
+  f.bias = p.bias;
+  f.bias_type = cuda_type(p.bias_type);
+  const std::int64_t ldd = p.m <= 1 ? (p.n + 15) / 16 * 16 : p.out_stride;
+  return run(p, CUBLAS_COMPUTE_32F, p.out, cuda_type(p.out_type), ldd, &f, ex);
+}
+
+} // namespace
+
+std::string cublaslt_refusal(const gemm_problem& p) {
+  const int cc = compute_capability();
+  const gemm_elem ea = p.a.elem, eb = p.b.elem;
+  if (gemm_is_fp8(ea)) {
+    if (cc < 89)
+      return "cuBLASLt's fp8 matmul needs sm_89 or newer (this device is sm_" + std::to_string(cc) +
+             ")";
+    if (ea == gemm_elem::e5m2 && eb == gemm_elem::e5m2)
+      return "cuBLASLt has no e5m2 x e5m2 matmul (e4m3fn with either is taken)";
+  }
+  if (ea == gemm_elem::int8 && cc < 75)
+    return "cuBLASLt's int8 tensor cores need sm_75 or newer (this device is sm_" +
+           std::to_string(cc) + ")";
+  if (ea == gemm_elem::bf16 && cc < 80)
+    return "bfloat16 tensor cores need sm_80 or newer (this device is sm_" + std::to_string(cc) +
+           ")";
+  if (!gemm_is_16bit(ea)) {
+    // 8-bit tensor-core matmuls want 16-byte aligned pointers and leading dimensions.
+    const char* names[2] = {"a.codes", "b.codes"};
+    const gemm_side* sides[2] = {&p.a, &p.b};
+    for (int i = 0; i < 2; ++i) {
+      if (!aligned16(sides[i]->codes))
+        return std::string(names[i]) + " is not 16-byte aligned";
+      if (ld_of(*sides[i], p.k) % 16 != 0)
+        return std::string(names[i]) + ": the row stride (" + std::to_string(sides[i]->row_stride) +
+               " elements) is not a multiple of 16";
+    }
+  }
+  return {};
+}
+
+void cublaslt_matmul(const gemm_problem& p, const exec& ex) {
+  if (p.m == 0 || p.n == 0)
+    return;
+  if (gemm_is_fp8(p.a.elem)) {
+    if (fp8_fused(p, ex))
+      return;
+    return unfused(p, false, ex); // cuBLASLt's epilogue cannot take it: the rule's epilogue
+  }
+  unfused(p, p.a.elem == gemm_elem::int8, ex);
+}
+
+} // namespace lowbit::kernels::cuda

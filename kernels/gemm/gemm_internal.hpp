@@ -162,6 +162,10 @@ void cutlass_sm90_matmul(const gemm_problem& p, const exec& ex);
 void finish_matmul(const gemm_problem& p, const void* acc, bool acc_is_int, std::int64_t acc_ld,
                    const exec& ex);
 
+// dst[i] = gemm_scale(s, mode, i) for i < n (device memory): a tensor's scale as a vector where
+// cuBLASLt takes per-row scales for one operand only as vectors for both.
+void broadcast_scales(const float* s, scale_mode mode, std::int64_t n, float* dst, const exec& ex);
+
 // Why cuBLASLt cannot take the problem on this device (empty when it can): the element types,
 // the architecture, the alignment of pointers and leading dimensions.
 std::string cublaslt_refusal(const gemm_problem& p);
