@@ -1,2 +1,616 @@
-// Work in progress.
+// The scaled matmul's GPU backends against its CPU twin: random shapes (M, N, K from 0 to a few
+// hundred; K odd for simt, multiples of 16 for the tensor cores), every int8 code (-128 too), every
+// fp8 code (NaN, Inf, subnormals, max), scales none/tensor/rows (0, -0, denormal, huge), bias
+// none/float32/bfloat16/float16, out float32/bfloat16/float16, strided rows and offset pointers.
+//   - int8: every backend == the twin bit for bit (int32 sums are exact; the epilogue is the
+//     same float operations);
+//   - simt == the twin bit for bit for every type (the same k order);
+//   - tensor-core float paths (widened, cuBLASLt fp8 and 16-bit, CUTLASS 16-bit): within the
+//     bound of two float32 sums of the same exact products in different orders;
+//   - native fp8 == widened == the twin where every partial sum is exact;
+//   - the refusals of an explicit backend, automatic's fallbacks, the int8 K limit.
+// Output buffers and their padding start poisoned identically on both sides, so a stray or
+// missing write differs. Every test skips where there is no device.
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/emu/names.hpp>
+#include <lowbit/kernels/gemm.hpp>
+
+#include "gpu_harness.hpp"
+
+namespace {
+
+using namespace lowbit;
+using gpu_test::mirrored;
+using gpu_test::same_bytes;
+using kernels::dtype;
+using kernels::gemm_backend;
+
+enum class kind { int8, int8_sym, e4m3, e5m2, bf16, f16 };
+
+const char* kind_name(kind k) {
+  switch (k) {
+  case kind::int8: return "int8";
+  case kind::int8_sym: return "int8_sym";
+  case kind::e4m3: return "e4m3fn";
+  case kind::e5m2: return "e5m2";
+  case kind::bf16: return "bfloat16";
+  case kind::f16: return "float16";
+  }
+  return "?";
+}
+kernels::target target_of(kind k) {
+  switch (k) {
+  case kind::int8: return kernels::target::of(emu::int8);
+  case kind::int8_sym: return kernels::target::of(emu::int8_sym);
+  case kind::e4m3: return kernels::target::of(emu::e4m3fn);
+  case kind::e5m2: return kernels::target::of(emu::e5m2);
+  case kind::bf16: return kernels::target::of(emu::bfloat16);
+  case kind::f16: return kernels::target::of(emu::float16);
+  }
+  return {};
+}
+dtype dtype_of(kind k) {
+  switch (k) {
+  case kind::int8:
+  case kind::int8_sym: return dtype::int8;
+  case kind::e4m3:
+  case kind::e5m2: return dtype::uint8;
+  case kind::bf16: return dtype::bfloat16;
+  case kind::f16: return dtype::float16;
+  }
+  return dtype::uint8;
+}
+bool is_int(kind k) {
+  return k == kind::int8 || k == kind::int8_sym;
+}
+bool is_fp8(kind k) {
+  return k == kind::e4m3 || k == kind::e5m2;
+}
+emu::format format_of(kind k) {
+  switch (k) {
+  case kind::e4m3: return emu::e4m3fn;
+  case kind::e5m2: return emu::e5m2;
+  case kind::bf16: return emu::bfloat16;
+  default: return emu::float16;
+  }
+}
+
+kind partner(kind k) {
+  if (is_int(k))
+    return *rc::gen::element(kind::int8, kind::int8_sym);
+  if (is_fp8(k))
+    return *rc::gen::element(kind::e4m3, kind::e5m2);
+  return k;
+}
+
+int device_cc() {
+  int dev = 0, major = 0, minor = 0;
+  gpu_test::cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  gpu_test::cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc");
+  gpu_test::cuda_ok(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cc");
+  return major * 10 + minor;
+}
+
+// How codes are drawn.
+enum class values {
+  any,      // every code: NaN, Inf, subnormals, max, -128
+  finite,   // finite, moderate magnitudes (sums stay finite and normal)
+  exact_sum // few significant bits, one binade: every partial sum of K <= 16 products is exact
+};
+
+std::uint16_t draw_code(kind k, values v) {
+  if (is_int(k))
+    return static_cast<std::uint8_t>(*rc::gen::inRange(k == kind::int8 ? -128 : -127, 128));
+  const emu::format f = format_of(k);
+  if (v == values::exact_sum) {
+    // +-m/8 (e4m3fn) or +-m/4 (e5m2) with m in [8, 16) / [4, 8): values in [1, 2), products
+    // multiples of 2^-6 below 4, and 16 of them sum below 2^6: 12 significant bits at most.
+    const int m = *rc::gen::inRange(0, 8);
+    const double x = k == kind::e4m3 ? (8 + m) / 8.0 : (4 + m % 4) / 4.0;
+    return static_cast<std::uint16_t>(
+        emu::encode(f, *rc::gen::arbitrary<bool>() ? -x : x, emu::rne));
+  }
+  if (v == values::any) {
+    if (is_fp8(k))
+      return static_cast<std::uint16_t>(*rc::gen::inRange(0, 256));
+    if (*rc::gen::inRange(0, 8) == 0)
+      return static_cast<std::uint16_t>(*rc::gen::inRange(0, 65536));
+  }
+  if (is_fp8(k)) {
+    for (;;) { // a finite code
+      const auto c = static_cast<std::uint32_t>(*rc::gen::inRange(0, 256));
+      if (!emu::is_nan_code(f, c) && !emu::is_inf_code(f, c))
+        return static_cast<std::uint16_t>(c);
+    }
+  }
+  const double x = std::ldexp(*rc::gen::inRange(-2048, 2049) / 1024.0, *rc::gen::inRange(-8, 9));
+  return static_cast<std::uint16_t>(emu::encode(f, x, emu::rne));
+}
+
+float draw_scale(bool pow2) {
+  if (pow2) // small enough that (acc * sa) * sb + bias stays exact in the exact_sum cases
+    return std::ldexp(1.0f, *rc::gen::inRange(-2, 3));
+  switch (*rc::gen::inRange(0, 10)) {
+  case 0: return 0.0f;
+  case 1: return -0.0f;
+  case 2: return 1e-40f; // denormal
+  case 3: return 3e38f;  // huge: products overflow to Inf
+  case 4: return -1.0f;
+  default: return std::ldexp(1.0f + *rc::gen::inRange(0, 64) / 64.0f, *rc::gen::inRange(-20, 21));
+  }
+}
+
+// One operand in a mirrored buffer: rows x K with a row stride, `offset` elements in.
+struct operand {
+  kind k = kind::int8;
+  std::int64_t rows = 0, cols = 0, stride = 0, offset = 0;
+  std::vector<std::uint16_t> codes; // [r * cols + c]
+  std::vector<float> scales;
+  std::unique_ptr<mirrored> buf, sbuf;
+
+  std::size_t esize() const { return kernels::dtype_size(dtype_of(k)); }
+  void store() {
+    buf = std::make_unique<mirrored>((offset + std::max<std::int64_t>(rows, 1) * stride + 1) *
+                                     esize());
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        std::memcpy(buf->host.data() + (offset + r * stride + c) * esize(),
+                    &codes[static_cast<std::size_t>(r * cols + c)], esize());
+    buf->push();
+    sbuf = std::make_unique<mirrored>(scales.size() * 4 + 4);
+    if (!scales.empty())
+      std::memcpy(sbuf->host.data(), scales.data(), scales.size() * 4);
+    sbuf->push();
+  }
+  kernels::gemm_operand op(bool gpu) const {
+    kernels::gemm_operand o;
+    o.codes = buf->view(gpu, dtype_of(k), rows, cols, stride, offset);
+    o.fmt = target_of(k);
+    o.scales = sbuf->flat(gpu, dtype::float32, static_cast<std::int64_t>(scales.size()));
+    return o;
+  }
+  double value(std::int64_t r, std::int64_t c) const {
+    const std::uint32_t x = codes[static_cast<std::size_t>(r * cols + c)];
+    if (is_int(k))
+      return static_cast<std::int8_t>(x);
+    return emu::decode<double>(format_of(k), x);
+  }
+};
+
+void draw_layout(operand& o, bool aligned) {
+  if (aligned) {
+    o.stride = (o.cols + 15) / 16 * 16 + 16 * *rc::gen::inRange(0, 2);
+    o.offset = 0;
+  } else {
+    o.stride = o.cols + *rc::gen::inRange(0, 4);
+    o.offset = *rc::gen::inRange(0, 4);
+  }
+}
+
+operand make_operand(kind k, std::int64_t rows, std::int64_t cols, values v, bool aligned,
+                     int scale_mode, bool pow2_scales) {
+  operand o;
+  o.k = k;
+  o.rows = rows;
+  o.cols = cols;
+  draw_layout(o, aligned);
+  o.codes.resize(static_cast<std::size_t>(rows * cols));
+  for (auto& c : o.codes)
+    c = draw_code(k, v);
+  const std::int64_t ns = scale_mode == 0 ? 0 : (scale_mode == 1 ? 1 : rows);
+  for (std::int64_t i = 0; i < ns; ++i)
+    o.scales.push_back(draw_scale(pow2_scales));
+  o.store();
+  return o;
+}
+
+struct problem {
+  operand a, b;
+  dtype bias_t = dtype::float32;
+  std::int64_t nbias = 0;
+  std::unique_ptr<mirrored> bias;
+  dtype out_t = dtype::float32;
+  std::int64_t out_stride = 0, out_offset = 0;
+  std::unique_ptr<mirrored> out;
+
+  std::string describe() const {
+    return std::string(kind_name(a.k)) + " x " + kind_name(b.k) + ", M=" + std::to_string(a.rows) +
+           " N=" + std::to_string(b.rows) + " K=" + std::to_string(a.cols) + ", strides " +
+           std::to_string(a.stride) + "/" + std::to_string(b.stride) + ", offsets " +
+           std::to_string(a.offset) + "/" + std::to_string(b.offset) + ", scales " +
+           std::to_string(a.scales.size()) + "/" + std::to_string(b.scales.size()) + ", bias " +
+           std::to_string(nbias) + " " + kernels::dtype_name(bias_t) + ", out " +
+           kernels::dtype_name(out_t);
+  }
+  std::size_t out_bytes() const {
+    return static_cast<std::size_t>(out_offset + std::max<std::int64_t>(a.rows, 1) * out_stride +
+                                    1) *
+           kernels::dtype_size(out_t);
+  }
+  // Runs the host API on the CPU or the GPU views (the out buffer is poisoned again first).
+  void run(bool gpu, gemm_backend backend) {
+    out = std::make_unique<mirrored>(out_bytes());
+    kernels::gemm_options opt;
+    opt.backend = backend;
+    kernels::scaled_matmul(a.op(gpu), b.op(gpu), bias->flat(gpu, bias_t, nbias),
+                           out->view(gpu, out_t, a.rows, b.rows, out_stride, out_offset), opt);
+    gpu_test::cuda_ok(cudaDeviceSynchronize(), "sync");
+  }
+  std::vector<unsigned char> result(bool gpu) const { return gpu ? out->pull() : out->host; }
+  float out_float(const std::vector<unsigned char>& bytes, std::int64_t m, std::int64_t n) const {
+    float v;
+    std::memcpy(&v, bytes.data() + (out_offset + m * out_stride + n) * 4, 4);
+    return v;
+  }
+};
+
+struct options {
+  values v = values::any;
+  bool aligned = false;
+  bool scaled = true, pow2_scales = false, biased = true;
+  bool float_out_only = false;
+  std::int64_t max_k = 300;
+  bool k_multiple_of_16 = false;
+};
+
+problem make_problem(kind ka, kind kb, const options& o) {
+  problem p;
+  const std::int64_t m = *rc::gen::element<std::int64_t>(0, 1, 2, 7, 16, 33, 64, 100, 129, 200);
+  const std::int64_t n = *rc::gen::element<std::int64_t>(0, 1, 3, 8, 16, 31, 64, 96, 130, 200);
+  std::int64_t k;
+  if (o.k_multiple_of_16)
+    k = 16 * *rc::gen::inRange<std::int64_t>(1, o.max_k / 16 + 1);
+  else
+    k = *rc::gen::oneOf(rc::gen::element<std::int64_t>(0, 1, 15, 16, 17, 33, 64),
+                        rc::gen::inRange<std::int64_t>(1, o.max_k + 1));
+  const int sa_mode = o.scaled ? *rc::gen::inRange(0, 3) : 0;
+  const int sb_mode = o.scaled ? *rc::gen::inRange(0, 3) : 0;
+  p.a = make_operand(ka, m, k, o.v, o.aligned, sa_mode, o.pow2_scales);
+  p.b = make_operand(kb, n, k, o.v, o.aligned, sb_mode, o.pow2_scales);
+  const int bias_mode = o.biased ? *rc::gen::inRange(0, 4) : 0;
+  if (bias_mode > 0) {
+    p.bias_t =
+        bias_mode == 1 ? dtype::float32 : (bias_mode == 2 ? dtype::bfloat16 : dtype::float16);
+    p.nbias = n;
+  }
+  p.bias = std::make_unique<mirrored>(static_cast<std::size_t>(p.nbias) * 4 + 4);
+  for (std::int64_t i = 0; i < p.nbias; ++i) {
+    const float x = *rc::gen::inRange(-512, 513) / 64.0f;
+    std::uint32_t bits;
+    if (p.bias_t == dtype::float32)
+      std::memcpy(&bits, &x, 4);
+    else
+      bits = emu::encode(p.bias_t == dtype::bfloat16 ? emu::bfloat16 : emu::float16, x, emu::rne);
+    std::memcpy(p.bias->host.data() + i * kernels::dtype_size(p.bias_t), &bits,
+                kernels::dtype_size(p.bias_t));
+  }
+  p.bias->push();
+  p.out_t = o.float_out_only ? dtype::float32
+                             : *rc::gen::element(dtype::float32, dtype::bfloat16, dtype::float16);
+  if (o.aligned) {
+    const std::int64_t per16 = static_cast<std::int64_t>(16 / kernels::dtype_size(p.out_t));
+    p.out_stride = (n + per16 - 1) / per16 * per16 + per16 * *rc::gen::inRange(0, 2);
+    p.out_offset = 0;
+  } else {
+    p.out_stride = n + *rc::gen::inRange(0, 3);
+    p.out_offset = *rc::gen::inRange(0, 3);
+  }
+  p.out = std::make_unique<mirrored>(p.out_bytes());
+  return p;
+}
+
+// Runs `backend` on the GPU; false (and nothing asserted) where it refuses the problem with
+// errc::unsupported and `may_refuse` allows it.
+bool run_gpu(problem& p, gemm_backend backend, bool may_refuse) {
+  try {
+    p.run(true, backend);
+  } catch (const error& e) {
+    if (may_refuse && e.code() == errc::unsupported)
+      return false;
+    RC_FAIL(std::string(kernels::gemm_backend_name(backend)) + " threw: " + e.what() + " on " +
+            p.describe());
+  }
+  return true;
+}
+
+// ---- bitwise: int8 on every backend, simt for every type -----------------------------------
+
+TEST(gpu_gemm, int8_every_backend_equals_the_twin) {
+  LOWBIT_REQUIRE_GPU();
+  const int cc = device_cc();
+  EXPECT_TRUE(rc::check("gpu_gemm.int8", [cc] {
+    const kind ka = *rc::gen::element(kind::int8, kind::int8_sym);
+    options o;
+    o.aligned = *rc::gen::arbitrary<bool>();
+    o.max_k = 600;
+    problem p = make_problem(ka, partner(ka), o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    for (gemm_backend b : {gemm_backend::simt, gemm_backend::cublaslt, gemm_backend::cutlass,
+                           gemm_backend::automatic}) {
+      // cuBLASLt must take every aligned int8 problem on sm_75+; CUTLASS where the build has it.
+      const bool may_refuse =
+          b == gemm_backend::cutlass || (b == gemm_backend::cublaslt && (!o.aligned || cc < 75));
+      if (!run_gpu(p, b, may_refuse))
+        continue;
+      RC_ASSERT(same_bytes(cpu, p.result(true),
+                           std::string(kernels::gemm_backend_name(b)) + " on " + p.describe()));
+    }
+  }));
+}
+
+TEST(gpu_gemm, simt_equals_the_twin_for_every_type) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.simt", [] {
+    const kind ka = *rc::gen::element(kind::int8, kind::int8_sym, kind::e4m3, kind::e5m2,
+                                      kind::bf16, kind::f16);
+    options o;
+    o.aligned = *rc::gen::arbitrary<bool>();
+    problem p = make_problem(ka, partner(ka), o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    run_gpu(p, gemm_backend::simt, false);
+    RC_ASSERT(same_bytes(cpu, p.result(true), "simt on " + p.describe()));
+  }));
+}
+
+// ---- tensor cores: within the bound of a float32 sum in another order ----------------------
+//
+// With unit scales, no bias and float32 out, out = acc, a float32 sum of the K exact products
+// p_k = a_k b_k (exact: fp8 x fp8 has at most 8 significant bits, bf16 x bf16 and fp16 x fp16 at
+// most 22, and the finite moderate values here neither overflow nor underflow). Recursive
+// summation in any order of K terms under round-to-nearest errs by at most (K-1) u sum|p_k| with
+// u = 2^-24 (Jeannerod and Rump, 2013: no quadratic term); the twin's sum and the backend's are
+// two such sums, so
+//     |acc_gpu - acc_cpu| <= |acc_gpu - S| + |S - acc_cpu| <= 2 (K-1) u sum|p_k|,  S the exact sum.
+// A backend whose accumulator is not an IEEE float32 sum (tensor cores that align a block of
+// products to its largest exponent and truncate) can exceed it: the failure message says by how
+// much, in units of u sum|p_k|.
+void check_within_bound(problem& p, const std::vector<unsigned char>& cpu,
+                        const std::vector<unsigned char>& gpu, const char* backend) {
+  const double u = std::ldexp(1.0, -24);
+  const std::int64_t k = p.a.cols;
+  for (std::int64_t m = 0; m < p.a.rows; ++m)
+    for (std::int64_t n = 0; n < p.b.rows; ++n) {
+      double mag = 0;
+      for (std::int64_t t = 0; t < k; ++t)
+        mag += std::fabs(p.a.value(m, t) * p.b.value(n, t));
+      const double c = p.out_float(cpu, m, n), g = p.out_float(gpu, m, n);
+      const double bound = 2.0 * static_cast<double>(k > 0 ? k - 1 : 0) * u * mag;
+      if (!(std::fabs(g - c) <= bound))
+        RC_FAIL(std::string(backend) + " on " + p.describe() + ": out[" + std::to_string(m) + ", " +
+                std::to_string(n) + "] = " + std::to_string(g) + ", twin " + std::to_string(c) +
+                ", |difference| = " + std::to_string(std::fabs(g - c) / (u * (mag > 0 ? mag : 1))) +
+                " u sum|ab| (bound " + std::to_string(2 * (k > 0 ? k - 1 : 0)) + ")");
+    }
+}
+
+TEST(gpu_gemm, tensor_core_float_sums_within_the_bound) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.bound", [] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2, kind::bf16, kind::f16);
+    options o;
+    o.v = values::finite;
+    o.aligned = true;
+    o.scaled = o.biased = false;
+    o.float_out_only = true;
+    o.k_multiple_of_16 = *rc::gen::arbitrary<bool>();
+    o.max_k = 512;
+    problem p = make_problem(ka, partner(ka), o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    std::vector<gemm_backend> backends = {gemm_backend::cublaslt, gemm_backend::automatic};
+    if (is_fp8(ka))
+      backends.push_back(gemm_backend::widened);
+    else
+      backends.push_back(gemm_backend::cutlass);
+    for (gemm_backend b : backends) {
+      // cuBLASLt refuses fp8 before sm_89 and e5m2 x e5m2; CUTLASS where the build lacks it.
+      if (!run_gpu(p, b, b == gemm_backend::cutlass || (b == gemm_backend::cublaslt && is_fp8(ka))))
+        continue;
+      check_within_bound(p, cpu, p.result(true), kernels::gemm_backend_name(b));
+    }
+  }));
+}
+
+// NaN and Inf codes make NaN (or Inf) whatever the order: the tensor-core paths agree with the
+// twin on which outputs are NaN, and on the value of each Inf.
+TEST(gpu_gemm, tensor_core_specials_agree) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.specials", [] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
+    options o;
+    o.aligned = true;
+    o.scaled = o.biased = false;
+    o.float_out_only = true;
+    o.max_k = 64; // fp8 products and sums of 64 of them stay finite
+    problem p = make_problem(ka, partner(ka), o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    for (gemm_backend b : {gemm_backend::widened, gemm_backend::cublaslt}) {
+      if (!run_gpu(p, b, b == gemm_backend::cublaslt))
+        continue;
+      const auto gpu = p.result(true);
+      for (std::int64_t m = 0; m < p.a.rows; ++m)
+        for (std::int64_t n = 0; n < p.b.rows; ++n) {
+          const float c = p.out_float(cpu, m, n), g = p.out_float(gpu, m, n);
+          RC_ASSERT(std::isnan(c) == std::isnan(g));
+          if (std::isinf(c) || std::isinf(g))
+            RC_ASSERT(c == g);
+        }
+    }
+  }));
+}
+
+// Power-of-two scales and exactly summable products (values::exact_sum, K <= 16): every partial
+// sum, in any order and in any accumulator of 12 or more bits, is exact (products are multiples
+// of 2^-6 below 4, so 16 of them need 12 bits); the scales 2^-2..2^2 multiply exactly, and the
+// bias (multiples of 2^-6 below 8) adds exactly (21 bits at most), so the one rounding left is
+// out's, from the same exact value everywhere: native fp8 == widened == the twin, bit for bit,
+// with cuBLASLt's own epilogue.
+TEST(gpu_gemm, native_fp8_equals_widened_where_sums_are_exact) {
+  LOWBIT_REQUIRE_GPU();
+  if (device_cc() < 89)
+    GTEST_SKIP() << "cuBLASLt's fp8 needs sm_89+";
+  EXPECT_TRUE(rc::check("gpu_gemm.native_exact", [] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
+    kind kb = partner(ka);
+    if (ka == kind::e5m2 && kb == kind::e5m2)
+      kb = kind::e4m3; // cuBLASLt has no e5m2 x e5m2
+    options o;
+    o.v = values::exact_sum;
+    o.aligned = true;
+    o.pow2_scales = true;
+    o.k_multiple_of_16 = true;
+    o.max_k = 16;
+    problem p = make_problem(ka, kb, o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    run_gpu(p, gemm_backend::widened, false);
+    RC_ASSERT(same_bytes(cpu, p.result(true), "widened on " + p.describe()));
+    run_gpu(p, gemm_backend::cublaslt, false);
+    RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 on " + p.describe()));
+  }));
+}
+
+// ---- refusals and fallbacks ----------------------------------------------------------------
+
+TEST(gpu_gemm, misaligned_explicit_cublaslt_refused_automatic_works) {
+  LOWBIT_REQUIRE_GPU();
+  const int cc = device_cc();
+  for (kind ka : {kind::int8, kind::e4m3}) {
+    if (is_fp8(ka) && cc < 89)
+      continue;
+    for (int variant = 0; variant < 2; ++variant) {
+      problem p;
+      const std::int64_t m = 32, n = 48, k = 64;
+      p.a.k = ka;
+      p.b.k = ka;
+      p.a.rows = m;
+      p.b.rows = n;
+      p.a.cols = p.b.cols = k;
+      p.a.stride = variant == 0 ? k : k + 1; // variant 0: a pointer 1 byte off; 1: odd stride
+      p.a.offset = variant == 0 ? 1 : 0;
+      p.b.stride = k;
+      for (operand* o : {&p.a, &p.b}) {
+        o->codes.resize(static_cast<std::size_t>(o->rows * k));
+        for (std::size_t i = 0; i < o->codes.size(); ++i)
+          o->codes[i] = static_cast<std::uint16_t>(is_fp8(ka) ? 0x30 + i % 16 : (i * 37) % 256);
+        o->store();
+      }
+      p.bias = std::make_unique<mirrored>(4);
+      p.out_stride = n;
+      p.run(false, gemm_backend::automatic);
+      const auto cpu = p.result(false);
+      try {
+        p.run(true, gemm_backend::cublaslt);
+        ADD_FAILURE() << "explicit cublaslt took " << p.describe();
+      } catch (const error& e) {
+        EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(errc::unsupported)) << e.what();
+        EXPECT_NE(std::string(e.what()).find("a.codes"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("would"), std::string::npos) << e.what();
+      }
+      p.run(true, gemm_backend::automatic);
+      const auto gpu = p.result(true);
+      if (is_int(ka)) {
+        EXPECT_TRUE(same_bytes(cpu, gpu, "automatic on " + p.describe()));
+      } else { // widened: the sums of 64 small products may differ in order only
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j)
+            EXPECT_NEAR(p.out_float(gpu, i, j), p.out_float(cpu, i, j),
+                        1e-5 * std::fabs(p.out_float(cpu, i, j)) + 1e-6);
+      }
+    }
+  }
+}
+
+TEST(gpu_gemm, explicit_backends_that_cannot_take_the_problem) {
+  LOWBIT_REQUIRE_GPU();
+  mirrored a(64 * 64), out(64 * 64 * 4);
+  auto op = [&](kind k) {
+    kernels::gemm_operand o;
+    o.codes = a.view(true, dtype_of(k), 4, 16, 16);
+    o.fmt = target_of(k);
+    return o;
+  };
+  const auto ov = out.view(true, dtype::float32, 4, 4, 4);
+  auto refused = [&](kind ka, kind kb, gemm_backend b) {
+    kernels::gemm_options opt;
+    opt.backend = b;
+    try {
+      kernels::scaled_matmul(op(ka), op(kb), {}, ov, opt);
+    } catch (const error& e) {
+      return e.code() == errc::unsupported &&
+             std::string(e.what()).find(kernels::gemm_backend_name(b)) != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(kind::int8, kind::int8, gemm_backend::widened));
+  EXPECT_TRUE(refused(kind::bf16, kind::bf16, gemm_backend::widened));
+  EXPECT_TRUE(refused(kind::e4m3, kind::e5m2, gemm_backend::cutlass));
+  EXPECT_TRUE(refused(kind::e5m2, kind::e5m2, gemm_backend::cublaslt));
+  // automatic routes e5m2 x e5m2 to widened.
+  EXPECT_EQ(kernels::gemm_backend_for(op(kind::e5m2), op(kind::e5m2), ov), gemm_backend::widened);
+  EXPECT_NE(kernels::gemm_backend_for(op(kind::int8), op(kind::int8), ov), gemm_backend::widened);
+}
+
+TEST(gpu_gemm, int8_k_over_the_limit_refused_before_any_read) {
+  LOWBIT_REQUIRE_GPU();
+  kernels::gemm_operand a, b;
+  a.codes.type = b.codes.type = dtype::int8;
+  a.codes.ndim = b.codes.ndim = 2;
+  a.codes.shape = {8, 131072};
+  b.codes.shape = {8, 131072};
+  a.codes.strides = b.codes.strides = {131072, 1};
+  a.codes.dev = b.codes.dev = {kernels::device_type::cuda, 0};
+  a.fmt = b.fmt = kernels::target::of(emu::int8);
+  kernels::tensor_view out;
+  out.type = dtype::float32;
+  out.ndim = 2;
+  out.shape = {8, 8};
+  out.strides = {8, 1};
+  out.dev = {kernels::device_type::cuda, 0};
+  try {
+    kernels::scaled_matmul(a, b, {}, out);
+    ADD_FAILURE() << "K = 131072 was taken";
+  } catch (const error& e) {
+    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(errc::invalid_argument));
+    EXPECT_NE(std::string(e.what()).find("K = 131072 exceeds 131071"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(gpu_gemm, repeated_runs_identical) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.determinism", [] {
+    const kind ka = *rc::gen::element(kind::int8, kind::e4m3, kind::e5m2, kind::bf16, kind::f16);
+    options o;
+    o.aligned = true;
+    o.v = values::finite;
+    o.k_multiple_of_16 = true;
+    o.max_k = 2048; // long sums: where a split-K reduction would show
+    problem p = make_problem(ka, partner(ka), o);
+    for (gemm_backend b :
+         {gemm_backend::automatic, gemm_backend::cublaslt, gemm_backend::widened}) {
+      if (!run_gpu(p, b, true))
+        continue;
+      const auto first = p.result(true);
+      run_gpu(p, b, false);
+      RC_ASSERT(same_bytes(first, p.result(true),
+                           "second run of " + std::string(kernels::gemm_backend_name(b))));
+    }
+  }));
+}
+
+} // namespace
