@@ -151,7 +151,11 @@ extended element_value(gemm_elem e, std::uint32_t code) {
 std::uint32_t round_output(gemm_out o, const extended& y) {
   const emu::format f = out_format(o);
   switch (y.k) {
-  case extended::kind::nan: return round(f, std::fabs(std::nan("")), emu::rne);
+  case extended::kind::nan: {
+    // The matmul's one NaN (kernels/gemm.hpp): positive, quiet, the top mantissa bit alone.
+    const std::uint32_t exp_ones = (1u << f.exp_bits) - 1u;
+    return (exp_ones << f.man_bits) | (1u << (f.man_bits - 1));
+  }
   case extended::kind::pos_inf: return round(f, HUGE_VAL, emu::rne);
   case extended::kind::neg_inf: return round(f, -HUGE_VAL, emu::rne);
   case extended::kind::finite: break;

@@ -75,8 +75,9 @@ struct gemm_entry {
       abs_sum;    // sum_k |a b| over the finite products (the size a float32 sum's error scales by)
   extended exact; // y* = ((S sa) sb) + bias as extended values: the value of the specification
   std::uint32_t rounded = 0; // y* rounded once to the output format: float32 bits, or the bf16 /
-                             // fp16 code; nearest-even, overflow to Inf; NaN as the canonical
-                             // positive NaN; an exact zero as +0
+                             // fp16 code; nearest-even, overflow to Inf; NaN as the positive
+                             // quiet NaN of kernels/gemm.hpp (float32 0x7FC00000, bf16 0x7FC0,
+                             // fp16 0x7E00); an exact zero as +0
 };
 
 struct gemm_result {
