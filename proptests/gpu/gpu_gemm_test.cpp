@@ -262,12 +262,17 @@ struct options {
   bool float_out_only = false;
   std::int64_t max_k = 300;
   bool k_multiple_of_16 = false;
+  bool mn_multiple_of_16 = false;
 };
 
 problem make_problem(kind ka, kind kb, const options& o) {
   problem p;
-  const std::int64_t m = *rc::gen::element<std::int64_t>(0, 1, 2, 7, 16, 33, 64, 100, 129, 200);
-  const std::int64_t n = *rc::gen::element<std::int64_t>(0, 1, 3, 8, 16, 31, 64, 96, 130, 200);
+  const std::int64_t m =
+      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, 9)
+                          : *rc::gen::element<std::int64_t>(0, 1, 2, 7, 16, 33, 64, 100, 129, 200);
+  const std::int64_t n =
+      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, 9)
+                          : *rc::gen::element<std::int64_t>(0, 1, 3, 8, 16, 31, 64, 96, 130, 200);
   std::int64_t k;
   if (o.k_multiple_of_16)
     k = 16 * *rc::gen::inRange<std::int64_t>(1, o.max_k / 16 + 1);
@@ -328,8 +333,7 @@ bool run_gpu(problem& p, gemm_backend backend, bool may_refuse) {
 
 TEST(gpu_gemm, int8_every_backend_equals_the_twin) {
   LOWBIT_REQUIRE_GPU();
-  const int cc = device_cc();
-  EXPECT_TRUE(rc::check("gpu_gemm.int8", [cc] {
+  EXPECT_TRUE(rc::check("gpu_gemm.int8", [] {
     const kind ka = *rc::gen::element(kind::int8, kind::int8_sym);
     options o;
     o.aligned = *rc::gen::arbitrary<bool>();
@@ -339,9 +343,9 @@ TEST(gpu_gemm, int8_every_backend_equals_the_twin) {
     const auto cpu = p.result(false);
     for (gemm_backend b : {gemm_backend::simt, gemm_backend::cublaslt, gemm_backend::cutlass,
                            gemm_backend::automatic}) {
-      // cuBLASLt must take every aligned int8 problem on sm_75+; CUTLASS where the build has it.
-      const bool may_refuse =
-          b == gemm_backend::cutlass || (b == gemm_backend::cublaslt && (!o.aligned || cc < 75));
+      // cuBLASLt refuses misaligned operands and may find no algorithm for odd shapes
+      // (cublaslt_takes_aligned_problems below requires it to run); CUTLASS where built.
+      const bool may_refuse = b == gemm_backend::cutlass || b == gemm_backend::cublaslt;
       if (!run_gpu(p, b, may_refuse))
         continue;
       RC_ASSERT(same_bytes(cpu, p.result(true),
@@ -479,8 +483,41 @@ TEST(gpu_gemm, native_fp8_equals_widened_where_sums_are_exact) {
     const auto cpu = p.result(false);
     run_gpu(p, gemm_backend::widened, false);
     RC_ASSERT(same_bytes(cpu, p.result(true), "widened on " + p.describe()));
+    if (run_gpu(p, gemm_backend::cublaslt, true))
+      RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 on " + p.describe()));
+  }));
+}
+
+// Shapes in multiples of 16, aligned: cuBLASLt must run them, int8 bitwise, fp8 bitwise where
+// the sums are exact (as above), 16-bit within the bound.
+TEST(gpu_gemm, cublaslt_takes_aligned_problems) {
+  LOWBIT_REQUIRE_GPU();
+  const int cc = device_cc();
+  EXPECT_TRUE(rc::check("gpu_gemm.cublaslt_aligned", [cc] {
+    kind ka = *rc::gen::element(kind::int8, kind::int8_sym, kind::e4m3, kind::e5m2, kind::bf16,
+                                kind::f16);
+    if ((is_fp8(ka) && cc < 89) || (ka == kind::bf16 && cc < 80) || (is_int(ka) && cc < 75))
+      ka = kind::f16;
+    kind kb = partner(ka);
+    if (ka == kind::e5m2 && kb == kind::e5m2)
+      kb = kind::e4m3;
+    options o;
+    o.aligned = true;
+    o.mn_multiple_of_16 = true;
+    o.v = is_fp8(ka) ? values::exact_sum : values::finite;
+    o.pow2_scales = true;
+    o.k_multiple_of_16 = true;
+    o.max_k = is_fp8(ka) ? 16 : 256;
+    o.float_out_only = !is_int(ka) && !is_fp8(ka);
+    o.scaled = o.biased = is_int(ka) || is_fp8(ka);
+    problem p = make_problem(ka, kb, o);
+    p.run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
     run_gpu(p, gemm_backend::cublaslt, false);
-    RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 on " + p.describe()));
+    if (is_int(ka) || is_fp8(ka))
+      RC_ASSERT(same_bytes(cpu, p.result(true), "cublaslt on " + p.describe()));
+    else
+      check_within_bound(p, cpu, p.result(true), "cublaslt");
   }));
 }
 
