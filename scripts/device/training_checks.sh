@@ -49,9 +49,10 @@ if want bench; then
     --benchmark_out="$out/bench_training.json" --benchmark_out_format=json
 fi
 if want python; then
+  tests=$(ls python/tests/test_gemm.py python/tests/test_nn*.py python/tests/test_optim*.py \
+    2> /dev/null)
   run python 200 env PYTHONPATH="$pybuild" python3 -m pytest -q -p no:cacheprovider -rs \
-    -m "torch or gpu" python/tests/test_gemm.py python/tests/test_nn_linear.py \
-    $(ls python/tests/test_optim*.py 2> /dev/null)
+    -m "torch or gpu" $tests
 fi
 if want linear; then
   run linear 240 env PYTHONPATH="$pybuild:$ao" python3 bench/linear_torch.py "$out/linear_torch.json"
