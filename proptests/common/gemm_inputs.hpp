@@ -234,6 +234,47 @@ inline rc::Gen<float> special_floats() {
   return rc::gen::elementOf(std::vector<float>{nan, -nan, inf, -inf, 0.0f, -0.0f, 1.0f, -2.0f});
 }
 
+// ---- layer inputs on rounding boundaries
+// ----------------------------------------------------------
+
+// The midpoints between consecutive values of a quantization target below its max: k + 1/2 for
+// int8 (|k + 1/2| < 127), the midpoints of a floating format's finite grid otherwise; random
+// sign.
+inline rc::Gen<double> target_midpoints(const emu::target& t) {
+  if (t.is_int)
+    return rc::gen::map(uniform<int>(-127, 126), [](int k) { return k + 0.5; });
+  const emu::format f = t.fmt;
+  return rc::gen::apply(
+      [f](std::uint32_t c, bool neg) {
+        const double m = 0.5 * (emu::decode<double>(f, c) + emu::decode<double>(f, c + 1));
+        return neg ? -m : m;
+      },
+      uniform<std::uint32_t>(0, f.max_code() - 1), coin());
+}
+
+// A rows x cols float matrix whose exact quantized values x q* are ties of the target: every
+// row holds +-max * s (its absmax, so q* = 1 / s for per-row and per-tensor groups) and
+// midpoints * s elsewhere (a few zeros), with s = odd * 2^e: 1 / s is not a float, so
+// fl(x fl(q*)) falls on either side of the tie and a kernel's code may be the exact code's
+// neighbour. Every value is exact in float32 (s has at most 10 significant bits).
+inline std::vector<float> tie_values(std::int64_t rows, std::int64_t cols, const emu::target& t,
+                                     int e) {
+  const double s = std::ldexp(static_cast<double>(2 * *uniform<int>(1, 511) + 1), e);
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t at = *uniform<std::int64_t>(0, cols - 1);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double x = 0;
+      if (c == at)
+        x = (*coin() ? -1 : 1) * t.max_value();
+      else if (*uniform<int>(0, 9) != 0)
+        x = *target_midpoints(t);
+      v[static_cast<std::size_t>(r * cols + c)] = static_cast<float>(x * s);
+    }
+  }
+  return v;
+}
+
 // ---- storage -----------------------------------------------------------------------------------
 
 // Codes as the bytes a kernel reads: one byte per 8-bit code, two for 16-bit values.

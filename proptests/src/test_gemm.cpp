@@ -19,6 +19,7 @@
 // roundings of the stored factors d = fl(amax / max) against the exact d*.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -219,6 +220,13 @@ rational order_key(const extended& v, const ref::gemm_out o) {
   return v.value;
 }
 
+// A rational for messages: %.9g of its nearest double (enough to tell float32 values apart).
+std::string show(const rational& x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+  return buf;
+}
+
 std::string describe_code(ref::gemm_out o, std::uint32_t code) {
   const extended v = ref::output_value(o, code);
   std::string s = pt::test::hex_code(code);
@@ -226,7 +234,7 @@ std::string describe_code(ref::gemm_out o, std::uint32_t code) {
     return s + " (NaN)";
   if (v.is_inf())
     return s + (v.k == extended::kind::neg_inf ? " (-Inf)" : " (+Inf)");
-  return s + " (" + std::to_string(static_cast<double>(v.value)) + ")";
+  return s + " (" + show(v.value) + ")";
 }
 
 // The outcome class an element must have, where the bound decides it: the epilogue's extended
@@ -297,8 +305,8 @@ std::string check_value(ref::gemm_out o, std::uint32_t twin, const ref::gemm_ent
     }
     if (abs_of(tv.value - ys) <= bound)
       return {};
-    return "|twin - y*| = " + std::to_string(static_cast<double>(abs_of(tv.value - ys))) +
-           " exceeds the bound " + std::to_string(static_cast<double>(bound)) + ": " + got;
+    return "|twin - y*| = " + show(abs_of(tv.value - ys)) + " exceeds the bound " + show(bound) +
+           ": " + got;
   }
   if (twin == y.rounded)
     return {};
@@ -311,7 +319,7 @@ std::string check_value(ref::gemm_out o, std::uint32_t twin, const ref::gemm_ent
   if (lo != hi && kl <= kt && kt <= kh)
     return {};
   return "outside the band's roundings " + describe_code(o, lo) + " .. " + describe_code(o, hi) +
-         " (bound " + std::to_string(static_cast<double>(bound)) + "): " + got;
+         " (bound " + show(bound) + "): " + got;
 }
 
 // Every element of a problem against the reference; counts what was decided how.
@@ -619,9 +627,24 @@ TEST(gemm_reference, negating_a_negates_the_output) {
 // ---- the SwitchBack chain ----------------------------------------------------------------------
 
 // Float inputs of one case: random significands over a range of exponents, zeros, a few
-// outliers (SwitchBack's row-wise scaling meets them in every activation row).
-std::vector<float> layer_values(std::size_t n, int e0) {
-  std::vector<float> v(n);
+// outliers (SwitchBack's row-wise scaling meets them in every activation row); or, a third of
+// the time, values whose scaled values are the target's ties (tie_values), where the kernels'
+// codes may flip to the neighbour of the exact code. `columns` lays the ties out for per-column
+// groups (each column holds its absmax).
+std::vector<float> layer_values(std::int64_t rows, std::int64_t cols, int e0,
+                                const ref::quant_target& t, bool columns) {
+  if (*uniform<int>(0, 2) == 0) {
+    const kn::target kt = t.is_int ? kn::target::of(t.ifmt) : kn::target::of(t.fmt);
+    if (!columns)
+      return pt::test::tie_values(rows, cols, kt, e0 - 16);
+    const std::vector<float> tr = pt::test::tie_values(cols, rows, kt, e0 - 16);
+    std::vector<float> v(tr.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        v[static_cast<std::size_t>(r * cols + c)] = tr[static_cast<std::size_t>(c * rows + r)];
+    return v;
+  }
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
   for (float& x : v) {
     const int k = *uniform<int>(0, 99);
     if (k < 5)
@@ -787,15 +810,13 @@ TEST(gemm_reference, switchback_forward_within_the_chain_bound) {
     const ref::switchback_variant v = *rc::gen::elementOf(all);
     const std::int64_t m = *uniform<std::int64_t>(1, 5), n = *uniform<std::int64_t>(1, 5),
                        k = *uniform<std::int64_t>(1, 40);
-    const ref::float_matrix x{
-        m, k, layer_values(static_cast<std::size_t>(m * k), *uniform<int>(-20, 20))};
-    const ref::float_matrix w{
-        n, k, layer_values(static_cast<std::size_t>(n * k), *uniform<int>(-20, 20))};
+    const ref::quant_target t = ref::switchback_input_target(v);
+    const ref::float_matrix x{m, k, layer_values(m, k, *uniform<int>(-20, 20), t, false)};
+    const ref::float_matrix w{n, k, layer_values(n, k, *uniform<int>(-20, 20), t, false)};
     const auto all_outs = outs();
     const out_case o = *rc::gen::elementOf(all_outs);
     const std::vector<float> bias = pt::test::draw_bias(n, *uniform<int>(-10, 10));
     const ref::chain_result c = ref::switchback_forward(x, w, bias, v, o.o);
-    const ref::quant_target t = ref::switchback_input_target(v);
     const bool w_rows = ref::switchback_weight_per_row(v);
     const twin_quantized qx = quantize_twin(x, t, true, false);
     const twin_quantized qw = quantize_twin(w, t, w_rows, false);
@@ -810,16 +831,14 @@ TEST(gemm_reference, switchback_input_grad_within_the_chain_bound) {
     // G is M x N (N the layer's outputs), W is N x K, dX is M x K: the inner dimension is N.
     const std::int64_t m = *uniform<std::int64_t>(1, 5), n = *uniform<std::int64_t>(1, 40),
                        k = *uniform<std::int64_t>(1, 5);
-    const ref::float_matrix g{m, n,
-                              layer_values(static_cast<std::size_t>(m * n), *uniform<int>(-30, 0))};
-    const ref::float_matrix w{
-        n, k, layer_values(static_cast<std::size_t>(n * k), *uniform<int>(-10, 10))};
-    const auto all_outs = outs();
-    const out_case o = *rc::gen::elementOf(all_outs);
-    const ref::chain_result c = ref::switchback_input_grad(g, w, v, o.o);
     const ref::quant_target tg = ref::switchback_grad_target(v);
     const ref::quant_target tw = ref::switchback_input_target(v);
     const bool w_cols = ref::switchback_weight_per_row(v);
+    const ref::float_matrix g{m, n, layer_values(m, n, *uniform<int>(-30, 0), tg, false)};
+    const ref::float_matrix w{n, k, layer_values(n, k, *uniform<int>(-10, 10), tw, w_cols)};
+    const auto all_outs = outs();
+    const out_case o = *rc::gen::elementOf(all_outs);
+    const ref::chain_result c = ref::switchback_input_grad(g, w, v, o.o);
     const twin_quantized qg = quantize_twin(g, tg, true, false);
     // W^T's codes: per column of W transposed (SwitchBackQ), or W's tensor-wise codes transposed.
     twin_quantized qw;
