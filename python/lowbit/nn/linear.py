@@ -1,0 +1,267 @@
+"""The low-precision linear layers: one autograd Function driven by a :class:`LinearRecipe`, the
+module that holds it (a drop-in nn.Linear), SwitchBackLinear and convert().
+
+The quantized matmuls run lowbit's kernels through the custom ops of lowbit._torch_ops (CPU
+tensors: the CPU twin; CUDA tensors: the CUDA kernels on the current stream), so that
+torch.compile traces the layer without graph breaks; the high-precision matmuls are torch's own
+(cuBLAS on CUDA). The equations are in docs/techniques/switchback.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from lowbit import _torch_ops as ops
+from lowbit.nn.recipe import (
+    IDENTITY,
+    LinearRecipe,
+    Operand,
+    named_recipes,
+    switchback_recipe,
+)
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _quantize(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of a 2-d tensor as it is used: rows or the whole tensor."""
+    if op.granularity == "rows":
+        return ops.quantize_rows(t, op.fmt)
+    return ops.quantize_tensor(t, op.fmt)
+
+
+def _quantize_t(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of the transpose of a 2-d tensor: per column of t (the column
+    quantization writes the transposed codes) or the whole tensor (codes transposed after)."""
+    if op.granularity == "columns":
+        return ops.quantize_columns_t(t, op.fmt)
+    codes, scale = ops.quantize_tensor(t, op.fmt)
+    return codes.t().contiguous(), scale
+
+
+def _mm(a: tuple[torch.Tensor, torch.Tensor], a_op: Operand, b: tuple[torch.Tensor, torch.Tensor],
+        b_op: Operand, bias: Optional[torch.Tensor], dtype: torch.dtype,
+        backend: str) -> torch.Tensor:
+    return ops.scaled_mm(a[0], a[1], a_op.fmt, b[0], b[1], b_op.fmt, bias, dtype, backend)
+
+
+class LinearFunction(torch.autograd.Function):
+    """Y = X W^T + b with the matmuls of ``recipe``; X is 2-d (tokens x in), contiguous, and X,
+    W and b share one dtype, which is Y's and every gradient's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                recipe: LinearRecipe) -> torch.Tensor:
+        ctx.recipe = recipe
+        ctx.has_bias = bias is not None
+        f = recipe.forward
+        if not f.quantized:
+            ctx.save_for_backward(x, weight)
+            return torch.nn.functional.linear(x, weight, bias)
+        xq = _quantize(x, f.a)
+        wq = _quantize(weight, f.b)
+        y = _mm(xq, f.a, wq, f.b, bias, x.dtype, recipe.backend)
+        # The backward reuses the forward's codes of W where its input gradient takes the same
+        # tensor-wise codes (transposed there); X is kept as it is, or as its codes (SwitchBackM).
+        gi = recipe.grad_input
+        reuse_w = (gi.quantized and f.b.granularity == "tensor" and gi.b.granularity == "tensor"
+                   and gi.b.fmt == f.b.fmt)
+        ctx.reuse_w = reuse_w
+        saved_x = xq if recipe.save_quantized_input else (x,)
+        saved_w = wq if reuse_w else (weight,)
+        ctx.n_x = len(saved_x)
+        ctx.save_for_backward(*saved_x, *saved_w)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+        recipe: LinearRecipe = ctx.recipe
+        saved = ctx.saved_tensors
+        g = grad.contiguous()
+        dtype = g.dtype
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if not recipe.forward.quantized:
+            x, weight = saved
+            w_codes = None
+        else:
+            x_saved, w_saved = saved[:ctx.n_x], saved[ctx.n_x:]
+            x = x_saved[0] if len(x_saved) == 1 else None
+            w_codes = w_saved if ctx.reuse_w else None
+            weight = None if ctx.reuse_w else w_saved[0]
+            if x is None and need_w:
+                # SwitchBackM: X from its codes, value(code) * d in float32, then X's dtype.
+                codes, scales = x_saved
+                x = ops.dequantize_rows(codes, scales, recipe.forward.a.fmt).to(dtype)
+
+        dx = dw = db = None
+        if need_x:
+            gi = recipe.grad_input
+            if not gi.quantized:
+                dx = g.matmul(weight)
+            else:
+                if w_codes is not None:
+                    wt = (w_codes[0].t().contiguous(), w_codes[1])
+                else:
+                    wt = _quantize_t(weight, gi.b)
+                dx = _mm(_quantize(g, gi.a), gi.a, wt, gi.b, None, dtype, recipe.backend)
+        if need_w:
+            gw = recipe.grad_weight
+            if not gw.quantized:
+                dw = g.t().matmul(x)
+            else:
+                dw = _mm(_quantize_t(g, gw.a), gw.a, _quantize_t(x, gw.b), gw.b, None, dtype,
+                         recipe.backend)
+        if need_b and ctx.has_bias:
+            db = g.sum(0)
+        return dx, dw, db, None
+
+
+RecipeLike = Union[LinearRecipe, str]
+
+
+def _recipe(recipe: Optional[RecipeLike], kwargs: dict[str, Any]) -> LinearRecipe:
+    if recipe is None:
+        return switchback_recipe(**kwargs)
+    if kwargs:
+        raise TypeError(f"recipe: given, so the keywords {sorted(kwargs)} have nothing to "
+                        "configure; pass one or the other")
+    if isinstance(recipe, LinearRecipe):
+        return recipe
+    if isinstance(recipe, str):
+        known = named_recipes()
+        if recipe not in known:
+            raise ValueError(f"recipe {recipe!r}: expected one of {', '.join(known)} or a "
+                             "lowbit.nn.LinearRecipe")
+        return known[recipe]
+    raise TypeError(f"recipe: expected a lowbit.nn.LinearRecipe or a name, got "
+                    f"{type(recipe).__name__}")
+
+
+class LowPrecisionLinear(nn.Linear):
+    """nn.Linear whose matmuls follow a :class:`LinearRecipe`: same constructor arguments, same
+    parameters and state_dict keys (weight, bias), any leading dimensions, float32, bfloat16 or
+    float16 (float64 only with the identity recipe), CPU and CUDA, under torch.autocast (the
+    input, weight and bias are cast to the autocast dtype, as nn.Linear's matmul is).
+
+    >>> layer = lowbit.nn.LowPrecisionLinear(8, 4, recipe="switchback_int8")
+    >>> layer(torch.randn(2, 3, 8)).shape
+    torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device: Any = None, dtype: Any = None, *,
+                 recipe: RecipeLike = IDENTITY) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.recipe = _recipe(recipe, {})
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}"
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.shape[-1:] != (self.in_features,):
+            raise ValueError(f"input: expected a last dimension of in_features="
+                             f"{self.in_features}, got shape {tuple(input.shape)}")
+        weight, bias = self.weight, self.bias
+        device = input.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            input, weight = input.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        dtype = input.dtype
+        if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
+            raise TypeError(f"input: dtype {dtype}, but the layer's parameters are "
+                            f"{weight.dtype}; convert one of them (or use torch.autocast)")
+        quantized = self.recipe.forward.quantized or self.recipe.grad_input.quantized or \
+            self.recipe.grad_weight.quantized
+        if quantized and dtype not in _DTYPES:
+            raise TypeError(f"input: dtype {dtype} is not supported by recipe "
+                            f"{self.recipe.name}; expected float32, bfloat16 or float16")
+        lead = input.shape[:-1]
+        x = input.reshape(-1, self.in_features).contiguous()
+        y = LinearFunction.apply(x, weight, bias, self.recipe)
+        return y.reshape(*lead, self.out_features)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: RecipeLike) -> LowPrecisionLinear:
+        """A layer of ``recipe`` holding ``linear``'s own parameters (the same Parameter
+        objects: optimizers and tied weights keep pointing at them)."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                  device="meta", recipe=recipe)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+
+class SwitchBackLinear(LowPrecisionLinear):
+    """SwitchBack (Wortsman et al., "Stable and low-precision training for large-scale
+    vision-language models", NeurIPS 2023): the forward and the input gradient as 8-bit matmuls
+    of row-wise quantized inputs/gradients and tensor-wise quantized weights, the weight
+    gradient in the input's 16-bit dtype. A drop-in nn.Linear.
+
+    >>> layer = lowbit.nn.SwitchBackLinear(8, 4, variant="switchback_q", fmt="fp8")
+    >>> layer(torch.randn(5, 8)).dtype
+    torch.float32
+
+    variant: "switchback", "switchback_m" (X saved as its codes for the backward),
+        "switchback_q" (W row-wise for the forward, column-wise for the input gradient) or
+        "tensorwise" (the tensor-wise baseline: every operand of all three matmuls
+        quantized per tensor).
+    fmt: "int8" (symmetric absmax int8) or "fp8" (E4M3 for X and W, E5M2 for G; scale
+        fp8_max / amax).
+    backend: the scaled matmul's backend for CUDA tensors (:func:`lowbit.scaled_matmul`).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device: Any = None, dtype: Any = None, *, variant: str = "switchback",
+                 fmt: str = "int8", backend: str = "automatic") -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype,
+                         recipe=switchback_recipe(variant, fmt, backend))
+
+
+def convert(model: nn.Module, recipe: Optional[RecipeLike] = None, *,
+            filter: Optional[Callable[[str, nn.Module], bool]] = None,
+            **kwargs: Any) -> nn.Module:
+    """Replaces, in place, every nn.Linear of ``model`` (exactly nn.Linear, not its subclasses)
+    for which ``filter(name, module)`` is true (all of them without a filter) by a
+    :class:`LowPrecisionLinear` of ``recipe`` holding the same parameters, so that the
+    state_dict keeps its keys and loads into the original model. Returns ``model`` (or the new
+    layer when ``model`` is itself an nn.Linear, which cannot be replaced in place).
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> net = lowbit.nn.convert(net, variant="switchback", fmt="int8",
+    ...                         filter=lambda name, m: m.out_features > 2)
+    >>> [type(m).__name__ for m in net]
+    ['LowPrecisionLinear', 'ReLU', 'Linear']
+
+    recipe: a :class:`LinearRecipe` or a name of :func:`named_recipes`; or leave it out and pass
+        SwitchBackLinear's keywords (variant, fmt, backend).
+    filter: called with each candidate's qualified name ("encoder.0.fc1") and module.
+    """
+    rec = _recipe(recipe, kwargs)
+    if filter is not None and not callable(filter):
+        raise TypeError(f"filter: expected a callable (name, module) -> bool, got "
+                        f"{type(filter).__name__}")
+
+    def wanted(name: str, m: nn.Module) -> bool:
+        return type(m) is nn.Linear and (filter is None or bool(filter(name, m)))
+
+    if wanted("", model):
+        return LowPrecisionLinear.from_linear(model, rec)  # type: ignore[arg-type]
+    # In the order of named_modules(); a module reached twice (shared) is visited once.
+    visited: set[int] = set()
+
+    def swap(parent: nn.Module, prefix: str) -> None:
+        for child_name, child in list(parent.named_children()):
+            full = f"{prefix}.{child_name}" if prefix else child_name
+            if wanted(full, child):
+                setattr(parent, child_name, LowPrecisionLinear.from_linear(child, rec))
+            elif id(child) not in visited:
+                visited.add(id(child))
+                swap(child, full)
+
+    swap(model, "")
+    return model
