@@ -179,30 +179,23 @@ bool bias_fits(const gemm_problem& p) {
 bool fp8_fused(const gemm_problem& p, const exec& ex) {
   const std::size_t osize = dtype_size(p.out_type);
   const bool out_ok = aligned16(p.out) && (p.m <= 1 || (p.out_stride * osize) % 16 == 0);
-  if (!out_ok || !bias_fits(p))
+  if (!out_ok || !bias_fits(p) || (p.bias != nullptr && !aligned16(p.bias)))
     return false;
   fused f;
   const bool outer = p.a.mode == scale_mode::rows || p.b.mode == scale_mode::rows;
   const cudaStream_t s = stream_of(ex);
-  // Outer-vector scaling takes vectors for both operands: a tensor's scale (or none) is
-  // broadcast into one.
-  scratch vecs(outer ? static_cast<std::size_t>(p.m + p.n) * 4 : 4, s);
+  // Outer-vector scaling takes vectors for both operands: a tensor's scale (or none) is broadcast
+  // into one, and per-row scales are copied so that both vectors are 16-byte aligned.
+  const std::int64_t n_pad = (p.n + 3) / 4 * 4;
+  scratch vecs(outer ? static_cast<std::size_t>(n_pad + p.m) * 4 : 4, s);
   if (outer) {
     float* vb = vecs.as<float>();
-    float* va = vb + p.n;
+    float* va = vb + n_pad;
+    broadcast_scales(p.b.scales, p.b.mode, p.n, vb, ex);
+    broadcast_scales(p.a.scales, p.a.mode, p.m, va, ex);
     f.outer = true;
-    if (p.b.mode == scale_mode::rows) {
-      f.scale_a = p.b.scales;
-    } else {
-      broadcast_scales(p.b.scales, p.b.mode, p.n, vb, ex);
-      f.scale_a = vb;
-    }
-    if (p.a.mode == scale_mode::rows) {
-      f.scale_b = p.a.scales;
-    } else {
-      broadcast_scales(p.a.scales, p.a.mode, p.m, va, ex);
-      f.scale_b = va;
-    }
+    f.scale_a = vb;
+    f.scale_b = va;
   } else {
     f.scale_a = p.b.mode == scale_mode::tensor ? p.b.scales : nullptr;
     f.scale_b = p.a.mode == scale_mode::tensor ? p.a.scales : nullptr;
