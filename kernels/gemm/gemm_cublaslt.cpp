@@ -65,20 +65,35 @@ struct layout {
   ~layout() { cublasLtMatrixLayoutDestroy(l); }
 };
 
+// The largest power of two (up to 256) that divides the address.
+std::uint32_t alignment_of(const void* ptr) {
+  const auto a = reinterpret_cast<std::uintptr_t>(ptr);
+  std::uint32_t al = 256;
+  while (al > 1 && a % al != 0)
+    al /= 2;
+  return al;
+}
+
 struct preference {
   cublasLtMatmulPreference_t p = nullptr;
-  explicit preference(std::uint64_t workspace) {
+  // The heuristic assumes 256-byte aligned matrices unless told otherwise, and may pick an
+  // algorithm that faults on less: it is told each pointer's actual alignment.
+  preference(std::uint64_t workspace, const void* a, const void* b, const void* d) {
     check(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace, sizeof(workspace)),
-          "cublasLtMatmulPreferenceSetAttribute");
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(a));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(b));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(d));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(d));
     // No split-K: each dot product is one sequence inside one kernel.
-    const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE;
-    check(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                               &schemes, sizeof(schemes)),
-          "cublasLtMatmulPreferenceSetAttribute");
+    set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+        static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE));
   }
   ~preference() { cublasLtMatmulPreferenceDestroy(p); }
+  template <class T> void set(cublasLtMatmulPreferenceAttributes_t attr, const T& v) {
+    check(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)),
+          "cublasLtMatmulPreferenceSetAttribute");
+  }
 };
 
 // The leading dimension cuBLASLt is told: an operand of one row reads no second row, so any
@@ -128,7 +143,7 @@ bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t 
   layout lb(cuda_type(p.a.elem), p.k, p.m, ld_of(p.a, p.k));
   layout lc(dt, p.n, p.m, ldd);
   const std::size_t ws_bytes = blas::workspace_bytes();
-  preference pref(ws_bytes);
+  preference pref(ws_bytes, p.b.codes, p.a.codes, d); // cuBLASLt's A is our B
   cublasLtHandle_t h = blas::handle();
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
