@@ -1,1 +1,299 @@
-// Work in progress: filled in by the optimizer commits.
+// Host API of the fused optimizer steps: argument checks with precise messages, the step's
+// coefficients (in double, each rounded once to float32), the tensor table, then the CPU twin or
+// the CUDA kernel.
+#include <lowbit/kernels/optim.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "../common/device_check.hpp"
+#include "optim_internal.hpp"
+
+namespace lowbit::kernels {
+
+const char* optimizer_name(optimizer o) {
+  switch (o) {
+  case optimizer::adam: return "adam";
+  case optimizer::adamw: return "adamw";
+  case optimizer::stable_adamw: return "stable_adamw";
+  case optimizer::sgd: return "sgd";
+  case optimizer::lion: return "lion";
+  case optimizer::rmsprop: return "rmsprop";
+  case optimizer::adagrad: return "adagrad";
+  }
+  return "unknown";
+}
+
+int optimizer_states(optimizer o, const optim_hparams& h) {
+  switch (o) {
+  case optimizer::adam:
+  case optimizer::adamw:
+  case optimizer::stable_adamw: return 2;
+  case optimizer::sgd: return h.momentum != 0.0 ? 1 : 0;
+  default: return 1;
+  }
+}
+
+bool optimizer_state_signed(optimizer o, int k) {
+  return optim_detail::state_signed(o, k);
+}
+
+namespace {
+
+std::string at(std::int64_t j, const char* what) {
+  return "tensors[" + std::to_string(j) + "]." + what;
+}
+
+void check_hparams(optimizer o, const optim_hparams& h) {
+  const std::string name = std::string("optimizer_step(") + optimizer_name(o) + "): ";
+  const auto in = [&](double v, double lo, double hi, bool hi_open, const char* what) {
+    require(std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi), errc::invalid_argument,
+            name + what + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + (hi_open ? ")" : "]"));
+  };
+  require(std::isfinite(h.lr) && h.lr >= 0.0, errc::invalid_argument,
+          name + "lr = " + std::to_string(h.lr) + " must be finite and >= 0");
+  require(std::isfinite(h.weight_decay) && h.weight_decay >= 0.0, errc::invalid_argument,
+          name + "weight_decay = " + std::to_string(h.weight_decay) + " must be finite and >= 0");
+  require(h.step >= 1, errc::invalid_argument,
+          name + "step = " + std::to_string(h.step) + " must be >= 1 (the step being taken)");
+  require(std::isfinite(h.eps) && h.eps >= 0.0, errc::invalid_argument,
+          name + "eps = " + std::to_string(h.eps) + " must be finite and >= 0");
+  switch (o) {
+  case optimizer::adam:
+  case optimizer::adamw:
+  case optimizer::stable_adamw:
+  case optimizer::lion:
+    in(h.beta1, 0.0, 1.0, true, "beta1");
+    in(h.beta2, 0.0, 1.0, true, "beta2");
+    break;
+  case optimizer::rmsprop: in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)"); break;
+  case optimizer::sgd:
+    in(h.momentum, 0.0, 1.0, true, "momentum");
+    in(h.dampening, 0.0, 1.0, false, "dampening");
+    require(!h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0), errc::invalid_argument,
+            name + "nesterov needs momentum > 0 and dampening = 0");
+    break;
+  case optimizer::adagrad:
+    require(std::isfinite(h.lr_decay) && h.lr_decay >= 0.0, errc::invalid_argument,
+            name + "lr_decay must be finite and >= 0");
+    break;
+  }
+  if (o == optimizer::stable_adamw)
+    require(h.eps > 0.0, errc::invalid_argument,
+            name + "eps must be > 0 (eps^2 floors the second moment in the RMS term)");
+}
+
+optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
+  optim_ops::coeffs c;
+  const auto f = [](double x) { return static_cast<float>(x); };
+  const double t = static_cast<double>(h.step);
+  c.maximize = h.maximize;
+  c.eps = f(h.eps);
+  switch (o) {
+  case optimizer::adam:
+  case optimizer::adamw:
+    c.lr = f(h.lr / (1.0 - std::pow(h.beta1, t)));
+    c.bc2_sqrt = f(std::sqrt(1.0 - std::pow(h.beta2, t)));
+    c.one_m_b1 = f(1.0 - h.beta1);
+    c.beta2 = f(h.beta2);
+    c.one_m_b2 = f(1.0 - h.beta2);
+    c.decay = f(1.0 - h.lr * h.weight_decay);
+    c.wd = f(h.weight_decay);
+    break;
+  case optimizer::stable_adamw: {
+    const auto hat = [&](double b) {
+      return b * (1.0 - std::pow(b, t - 1.0)) / (1.0 - std::pow(b, t));
+    };
+    const double b1 = hat(h.beta1), b2 = hat(h.beta2);
+    c.lr = f(h.lr);
+    c.beta1 = f(b1);
+    c.one_m_b1 = f(1.0 - b1);
+    c.beta2 = f(b2);
+    c.one_m_b2 = f(1.0 - b2);
+    c.eps2 = f(h.eps * h.eps);
+    break;
+  }
+  case optimizer::sgd:
+    c.lr = f(h.lr);
+    c.wd = f(h.weight_decay);
+    c.beta1 = f(h.momentum);
+    c.one_m_b1 = f(1.0 - h.dampening);
+    c.first = h.step == 1;
+    c.nesterov = h.nesterov;
+    break;
+  case optimizer::lion:
+    c.lr = f(h.lr);
+    c.decay = f(1.0 - h.lr * h.weight_decay);
+    c.beta1 = f(h.beta1);
+    c.one_m_b1 = f(1.0 - h.beta1);
+    c.beta2 = f(h.beta2);
+    c.one_m_b2 = f(1.0 - h.beta2);
+    break;
+  case optimizer::rmsprop:
+    c.lr = f(h.lr);
+    c.wd = f(h.weight_decay);
+    c.beta2 = f(h.beta2);
+    c.one_m_b2 = f(1.0 - h.beta2);
+    break;
+  case optimizer::adagrad:
+    c.lr = f(h.lr / (1.0 + (t - 1.0) * h.lr_decay));
+    c.wd = f(h.weight_decay);
+    break;
+  }
+  return c;
+}
+
+param_kind kind_of(dtype t) {
+  switch (t) {
+  case dtype::bfloat16: return param_kind::bf16;
+  case dtype::float16: return param_kind::f16;
+  default: return param_kind::f32;
+  }
+}
+
+} // namespace
+
+void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* tensors,
+                    std::int64_t count, const tensor_view& skipped, const optim_config& cfg,
+                    const exec& ex) {
+  check_hparams(o, h);
+  require(count >= 0, errc::invalid_argument, "optimizer_step: count must be >= 0");
+  require(count == 0 || tensors != nullptr, errc::invalid_argument,
+          "optimizer_step: tensors is null");
+  require(cfg.block == 256 || cfg.block == 2048, errc::invalid_argument,
+          "optimizer_step: block = " + std::to_string(cfg.block) +
+              " is not supported; expected 256 or 2048");
+  require(cfg.rounding == codebook_rounding::nearest ||
+              cfg.rounding == codebook_rounding::stochastic,
+          errc::invalid_argument, "optimizer_step: unknown rounding");
+  optim_problem p;
+  p.sh.kind = o;
+  p.sh.states = optimizer_states(o, h);
+  p.sh.c = coeffs_of(o, h);
+  p.sh.lr = h.lr;
+  p.sh.wd = h.weight_decay;
+  p.sh.block = cfg.block;
+  p.sh.stochastic = cfg.rounding == codebook_rounding::stochastic;
+  p.sh.seed = cfg.seed;
+  p.sh.offset = cfg.offset;
+  const int ns = p.sh.states;
+
+  bool any = false;
+  for (std::int64_t j = 0; j < count; ++j) {
+    const optim_tensor& t = tensors[j];
+    require_valid(t.param, at(j, "param").c_str());
+    require_valid(t.grad, at(j, "grad").c_str());
+    require_dtype(t.param, at(j, "param").c_str(),
+                  {dtype::float32, dtype::bfloat16, dtype::float16});
+    require(t.grad.type == t.param.type, errc::invalid_type,
+            at(j, "grad") + ": dtype " + dtype_name(t.grad.type) +
+                " differs from the parameter's " + dtype_name(t.param.type));
+    require_same_shape(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
+    require_contiguous(t.param, at(j, "param").c_str());
+    require_contiguous(t.grad, at(j, "grad").c_str());
+    if (!any) {
+      p.dev = t.param.dev;
+      any = true;
+    }
+    require(t.param.dev == p.dev, errc::invalid_argument,
+            at(j, "param") + ": on " + device_name(t.param.dev) + ", tensors[0] on " +
+                device_name(p.dev) + "; every tensor of a step on one device");
+    require_same_device(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
+    const std::int64_t n = t.param.numel();
+    const std::int64_t blocks = blockwise_blocks(n, cfg.block);
+    optim_item it;
+    it.param = t.param.data;
+    it.grad = t.grad.data;
+    it.n = n;
+    it.block0 = p.total_blocks;
+    it.ptype = kind_of(t.param.type);
+    const tensor_view* st[2] = {&t.state1, &t.state2};
+    const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+    const char* sname[2] = {"state1", "state2"};
+    const char* aname[2] = {"absmax1", "absmax2"};
+    for (int k = 0; k < 2; ++k) {
+      const tensor_view& s = *st[k];
+      if (k >= ns) {
+        require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument,
+                at(j, sname[k]) + ": " + optimizer_name(o) + " keeps " + std::to_string(ns) +
+                    " state(s) here; leave " + sname[k] + " and " + aname[k] + " empty");
+        continue;
+      }
+      require_valid(s, at(j, sname[k]).c_str());
+      require(s.numel() == n, errc::invalid_argument,
+              at(j, sname[k]) + ": " + std::to_string(s.numel()) + " elements, the parameter " +
+                  std::to_string(n));
+      require(n == 0 || s.data != nullptr, errc::invalid_argument,
+              at(j, sname[k]) + ": missing (" + optimizer_name(o) + " keeps " + std::to_string(ns) +
+                  " state(s))");
+      require_dtype(s, at(j, sname[k]).c_str(), {dtype::float32, dtype::uint8});
+      require_contiguous(s, at(j, sname[k]).c_str());
+      require_same_device(t.param, at(j, "param").c_str(), s, at(j, sname[k]).c_str());
+      const bool eight = s.type == dtype::uint8;
+      if (k == 0)
+        it.eight_bit = eight;
+      require(eight == it.eight_bit, errc::invalid_argument,
+              at(j, sname[k]) + ": dtype " + dtype_name(s.type) + " but state1 is " +
+                  (it.eight_bit ? "uint8" : "float32") + "; a tensor's states are of one kind");
+      if (eight) {
+        const tensor_view& a = *am[k];
+        require_valid(a, at(j, aname[k]).c_str());
+        require_dtype(a, at(j, aname[k]).c_str(), {dtype::float32});
+        require(a.numel() == blocks, errc::invalid_argument,
+                at(j, aname[k]) + ": " + std::to_string(a.numel()) + " elements; expected " +
+                    std::to_string(blocks) + " (one per block of " + std::to_string(cfg.block) +
+                    ")");
+        require_contiguous(a, at(j, aname[k]).c_str());
+        require_same_device(t.param, at(j, "param").c_str(), a, at(j, aname[k]).c_str());
+      } else {
+        require(am[k]->data == nullptr, errc::invalid_argument,
+                at(j, aname[k]) + ": 32-bit states have no absmax; leave it empty");
+      }
+    }
+    if (p.dev.type == device_type::cuda && n > 0) {
+      const std::string pn = at(j, "param"), gn = at(j, "grad");
+      require_device_memory({&t.param, &t.grad}, {pn.c_str(), gn.c_str()});
+      for (int k = 0; k < ns; ++k) {
+        const std::string sn = at(j, sname[k]);
+        require_device_memory({st[k]}, {sn.c_str()});
+        if (it.eight_bit) {
+          const std::string an = at(j, aname[k]);
+          require_device_memory({am[k]}, {an.c_str()});
+        }
+      }
+    }
+    it.s1 = t.state1.data;
+    it.s2 = t.state2.data;
+    it.a1 = static_cast<float*>(t.absmax1.data);
+    it.a2 = static_cast<float*>(t.absmax2.data);
+    p.total_blocks += blocks;
+    p.items.push_back(it);
+  }
+  if (skipped.data != nullptr) {
+    require_valid(skipped, "skipped");
+    require_dtype(skipped, "skipped", {dtype::int64});
+    require(skipped.numel() == count, errc::invalid_argument,
+            "skipped: " + std::to_string(skipped.numel()) + " elements; expected one per tensor (" +
+                std::to_string(count) + ")");
+    require_contiguous(skipped, "skipped");
+    if (any)
+      require(skipped.dev == p.dev, errc::invalid_argument,
+              "skipped: on " + device_name(skipped.dev) + ", the tensors on " + device_name(p.dev));
+    if (skipped.dev.type == device_type::cuda && count > 0)
+      require_device_memory({&skipped}, {"skipped"});
+    p.skipped = skipped.ptr<std::int64_t>();
+  }
+  if (p.total_blocks == 0)
+    return;
+  const codebook s = codebook::dynamic_tree(true), u = codebook::dynamic_tree(false);
+  blockwise_ops::prepare(s.values().data(), p.tb_signed);
+  blockwise_ops::prepare(u.values().data(), p.tb_unsigned);
+  if (p.dev.type == device_type::cuda) {
+    cuda::optimizer_step(p, ex);
+    return;
+  }
+  cpu::optimizer_step(p, ex);
+}
+
+} // namespace lowbit::kernels

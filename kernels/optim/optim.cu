@@ -1,1 +1,282 @@
-// Work in progress: filled in by the optimizer commits.
+// CUDA kernel of the fused optimizer steps: one launch over the work blocks of every tensor of
+// the call (a multi-tensor step), a CUDA block of 256 threads per work block in a grid-stride
+// loop, the codebooks' search tables in shared memory loaded once per CUDA block. Per work block:
+// parameter, gradient and states read once, updated in registers by optim_ops.hpp, the block's
+// skip decision and state absmax reduced, then everything written once. StableAdamW runs two
+// small kernels first (the RMS partial of each work block, then each tensor's eta) in the tree
+// that optim_cpu.cpp mirrors.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
+#include "../common/cuda.hpp"
+#include "optim_internal.hpp"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+
+namespace d = optim_detail;
+namespace bops = blockwise_ops;
+
+constexpr int warps = optim_threads / 32;
+
+__device__ std::int64_t tensor_of(const optim_item* items, std::int64_t count, std::int64_t wb) {
+  std::int64_t lo = 0, hi = count; // the last item with block0 <= wb: in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (items[mid].block0 <= wb)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+__device__ void load_tables(const bops::tables* src, bops::tables* dst) {
+  const auto* s = reinterpret_cast<const float*>(src);
+  auto* t = reinterpret_cast<float*>(dst);
+  constexpr int n = 2 * static_cast<int>(sizeof(bops::tables) / sizeof(float));
+  for (int k = threadIdx.x; k < n; k += blockDim.x)
+    t[k] = s[k];
+  __syncthreads();
+}
+
+// The block maximum of the threads' values (order-free).
+__device__ std::uint32_t block_max(std::uint32_t v, std::uint32_t* red) {
+  for (int off = 16; off > 0; off >>= 1)
+    v = max(v, __shfl_down_sync(0xFFFFFFFFu, v, off));
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (l == 0)
+    red[w] = v;
+  __syncthreads();
+  std::uint32_t m = red[0];
+  for (int k = 1; k < warps; ++k)
+    m = max(m, red[k]);
+  __syncthreads();
+  return m;
+}
+
+// The block sum of the threads' values in optim_cpu.cpp's tree; the result in thread 0.
+__device__ float block_sum(float v, float* red) {
+  for (int off = 16; off > 0; off >>= 1)
+    v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (l == 0)
+    red[w] = v;
+  __syncthreads();
+  float s = 0.0f;
+  if (w == 0) {
+    s = l < warps ? red[l] : 0.0f;
+    for (int off = warps / 2; off > 0; off >>= 1)
+      s = s + __shfl_down_sync(0xFFFFFFFFu, s, off);
+  }
+  __syncthreads();
+  return s;
+}
+
+template <int EPT>
+__global__ void __launch_bounds__(optim_threads)
+    rms_partial_kernel(optim_shared sh, const optim_item* items, std::int64_t count,
+                       std::int64_t total, const bops::tables* tabs, float* partial) {
+  __shared__ bops::tables tb[2];
+  __shared__ float red[warps];
+  load_tables(tabs, tb);
+  for (std::int64_t wb = blockIdx.x; wb < total; wb += gridDim.x) {
+    const optim_item it = items[tensor_of(items, count, wb)];
+    const std::int64_t b = wb - it.block0, i0 = b * sh.block;
+    const std::int64_t end = min(it.n, i0 + sh.block);
+    float s = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      if (i < end) {
+        const float g = d::load_param(it.ptype, it.grad, i);
+        const float v = d::load_state(it, 1, tb[1].value, i, b);
+        const float gg = sh.c.maximize ? -g : g;
+        const float vn = optim_ops::stable_v(sh.c, gg, v);
+        const float r = optim_ops::stable_rms_term(sh.c, gg, vn);
+        bad |= !optim_ops::finite(g) | !optim_ops::finite(vn) | !optim_ops::finite(r);
+        s = s + r;
+      }
+    }
+    bad = __syncthreads_or(bad) != 0;
+    const float sum = block_sum(s, red);
+    if (threadIdx.x == 0)
+      partial[wb] = bad ? d::excluded_partial : sum;
+  }
+}
+
+// One CUDA block per tensor: eta and decay of StableAdamW from the tensor's block partials.
+__global__ void __launch_bounds__(optim_threads)
+    eta_kernel(optim_shared sh, const optim_item* items, const float* partial, float* eta_decay) {
+  __shared__ double lane[optim_threads];
+  __shared__ unsigned long long cnt[optim_threads];
+  const optim_item it = items[blockIdx.x];
+  const std::int64_t blocks = (it.n + sh.block - 1) / sh.block;
+  double s = 0.0;
+  std::int64_t c = 0;
+  for (std::int64_t b = threadIdx.x; b < blocks; b += optim_threads) {
+    const float v = partial[it.block0 + b];
+    if (v == d::excluded_partial)
+      continue;
+    s = s + static_cast<double>(v);
+    c += min(sh.block, it.n - b * sh.block);
+  }
+  lane[threadIdx.x] = s;
+  cnt[threadIdx.x] = static_cast<unsigned long long>(c);
+  __syncthreads();
+  for (int off = optim_threads / 2; off > 0; off >>= 1) {
+    if (static_cast<int>(threadIdx.x) < off) {
+      lane[threadIdx.x] = lane[threadIdx.x] + lane[threadIdx.x + off];
+      cnt[threadIdx.x] += cnt[threadIdx.x + off];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float e = 0.0f, dc = 0.0f;
+    d::stable_eta(sh, lane[0], static_cast<std::int64_t>(cnt[0]), e, dc);
+    eta_decay[2 * blockIdx.x] = e;
+    eta_decay[2 * blockIdx.x + 1] = dc;
+  }
+}
+
+template <int EPT>
+__global__ void __launch_bounds__(optim_threads)
+    step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
+                const bops::tables* tabs, const float* eta_decay, std::int64_t* skipped) {
+  __shared__ bops::tables tb[2]; // signed, unsigned
+  __shared__ std::uint32_t red[warps];
+  load_tables(tabs, tb);
+  const int ns = sh.states;
+  const int t0 = d::state_signed(sh.kind, 0) ? 0 : 1;
+  const int t1 = d::state_signed(sh.kind, 1) ? 0 : 1;
+  for (std::int64_t wb = blockIdx.x; wb < total; wb += gridDim.x) {
+    const std::int64_t j = tensor_of(items, count, wb);
+    const optim_item it = items[j];
+    const std::int64_t b = wb - it.block0, i0 = b * sh.block;
+    const std::int64_t end = min(it.n, i0 + sh.block);
+    float eta = sh.c.lr, decay = 1.0f;
+    if (eta_decay != nullptr) {
+      eta = eta_decay[2 * j];
+      decay = eta_decay[2 * j + 1];
+    }
+    float np[EPT], s1[EPT], s2[EPT];
+    bool bad = false;
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      np[k] = s1[k] = s2[k] = 0.0f;
+      if (i < end) {
+        const float p0 = d::load_param(it.ptype, it.param, i);
+        const float g = d::load_param(it.ptype, it.grad, i);
+        const float a = ns > 0 ? d::load_state(it, 0, tb[t0].value, i, b) : 0.0f;
+        const float c = ns > 1 ? d::load_state(it, 1, tb[t1].value, i, b) : 0.0f;
+        const optim_ops::result r = d::update(sh, eta, decay, p0, g, a, c);
+        np[k] = r.p;
+        s1[k] = r.s1;
+        s2[k] = r.s2;
+        bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it.ptype, r.p)) |
+               (ns > 0 && !optim_ops::finite(r.s1)) | (ns > 1 && !optim_ops::finite(r.s2));
+      }
+    }
+    if (__syncthreads_or(bad) != 0) {
+      if (threadIdx.x == 0 && skipped != nullptr)
+        atomicAdd(reinterpret_cast<unsigned long long*>(skipped + j), 1ull);
+      continue;
+    }
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      if (i < end)
+        d::store_param(it.ptype, it.param, i, np[k]);
+    }
+    for (int q = 0; q < ns; ++q) {
+      const float* sv = q == 0 ? s1 : s2;
+      void* dst = q == 0 ? it.s1 : it.s2;
+      if (!it.eight_bit) {
+#pragma unroll
+        for (int k = 0; k < EPT; ++k) {
+          const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+          if (i < end)
+            static_cast<float*>(dst)[i] = sv[k];
+        }
+        continue;
+      }
+      std::uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < EPT; ++k)
+        m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
+      const std::uint32_t amax = block_max(m, red);
+      if (threadIdx.x == 0)
+        (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
+      const bops::tables& tq = tb[q == 0 ? t0 : t1];
+#pragma unroll
+      for (int k = 0; k < EPT; ++k) {
+        const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+        if (i < end) {
+          const std::uint32_t rb = sh.stochastic ? d::random_bits(sh, j, q, i) : 0u;
+          static_cast<std::uint8_t*>(dst)[i] = d::encode_state(tq, sv[k], amax, sh.stochastic, rb);
+        }
+      }
+    }
+  }
+}
+
+template <class Kernel> unsigned grid_of(Kernel k, std::int64_t total) {
+  const int per_sm = once_per_device([k](int) {
+    int b = 0;
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, optim_threads, 0));
+    return b < 1 ? 1 : b;
+  });
+  const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
+  return static_cast<unsigned>(total < cap ? total : cap);
+}
+
+template <int EPT> void launch(const optim_problem& p, const exec& ex) {
+  const cudaStream_t s = stream_of(ex);
+  const std::int64_t count = static_cast<std::int64_t>(p.items.size());
+  // One upload: the tensor table, then the two codebooks' tables.
+  const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
+  const std::size_t tab_off = (items_bytes + 255) / 256 * 256;
+  std::vector<unsigned char> host(tab_off + 2 * sizeof(bops::tables));
+  std::memcpy(host.data(), p.items.data(), items_bytes);
+  std::memcpy(host.data() + tab_off, &p.tb_signed, sizeof(bops::tables));
+  std::memcpy(host.data() + tab_off + sizeof(bops::tables), &p.tb_unsigned, sizeof(bops::tables));
+  scratch table(host.size(), s);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(table.as<unsigned char>(), host.data(), host.size(),
+                                    cudaMemcpyHostToDevice, s));
+  const auto* items = table.as<const optim_item>();
+  const auto* tabs = reinterpret_cast<const bops::tables*>(table.as<unsigned char>() + tab_off);
+  const bool stable = p.sh.kind == optimizer::stable_adamw;
+  scratch extra(stable ? sizeof(float) * static_cast<std::size_t>(p.total_blocks + 2 * count) : 4,
+                s);
+  float* eta_decay = nullptr;
+  if (stable) {
+    float* partial = extra.as<float>();
+    eta_decay = partial + p.total_blocks;
+    rms_partial_kernel<EPT>
+        <<<grid_of(rms_partial_kernel<EPT>, p.total_blocks), optim_threads, 0, s>>>(
+            p.sh, items, count, p.total_blocks, tabs, partial);
+    check_launch("rms_partial_kernel");
+    eta_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
+                                                                      eta_decay);
+    check_launch("eta_kernel");
+  }
+  step_kernel<EPT><<<grid_of(step_kernel<EPT>, p.total_blocks), optim_threads, 0, s>>>(
+      p.sh, items, count, p.total_blocks, tabs, eta_decay, p.skipped);
+  check_launch("step_kernel");
+}
+
+} // namespace
+
+void optimizer_step(const optim_problem& p, const exec& ex) {
+  if (p.sh.block == 2048)
+    launch<2048 / optim_threads>(p, ex);
+  else
+    launch<256 / optim_threads>(p, ex);
+}
+
+} // namespace lowbit::kernels::cuda

@@ -1,2 +1,749 @@
-// Work in progress.
+// The fused optimizer steps' CPU twin against the reference of one step (reference/optim.hpp),
+// within a bound derived for the twin's own float32 operation sequence, plus the step's
+// invariants: the non-finite rule (blocks left untouched and counted), multi-tensor calls equal
+// one call per tensor, thread counts and parameter dtypes change nothing but the final rounding,
+// and the argument checks.
+//
+// The bound (running error analysis): every float32 operation of optim_ops.hpp is replayed on
+// pairs (value, error bound); an operation on x~ = x + dx, y~ = y + dy adds the propagated
+// errors (|x| dy + |y| dx + dx dy for a product; (|x| dy + |y| dx) / (|y| (|y| - dy)) for a
+// quotient; dx / (sqrt(x) + sqrt(x - dx)) for a square root) and its own rounding,
+// u (|result| + propagated) + 2^-149 with u = 2^-24. Coefficients enter with their actual
+// rounding error |fl(c) - c| (plus 2^-50 |c| for the host's double arithmetic). The twin's
+// results may then differ from the reference's by at most the bound: parameters and 32-bit states
+// directly; an 8-bit state's absmax by the block's largest state bound E; its code must be the
+// nearest entry of some t within delta = (e_i + E) / (A - E) + u of the exact normalized value y
+// (A the exact absmax; blocks with A <= E are judged by absmax only), that is between
+// nearest(y - delta) and nearest(y + delta), the nearest entry being monotone.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/kernels/blockwise.hpp>
+#include <lowbit/kernels/optim.hpp>
+#include <lowbit/reference/optim.hpp>
+
+#include "support.hpp"
+
+namespace {
+
+using namespace lowbit;
+namespace test = lowbit::proptest::test;
+using kernels::dtype;
+using kernels::optimizer;
+using kernels::tensor_view;
+
+constexpr double u32 = 0x1p-24;
+
+// ---- the running error bound -------------------------------------------------------------------
+
+struct rb {
+  double v = 0.0, e = 0.0;
+};
+double own(double r, double prop) {
+  return u32 * (std::fabs(r) + prop) + 0x1p-149;
+}
+rb exact_in(double x) {
+  return {x, 0.0};
+}
+rb coef(double c) {
+  const double f = static_cast<float>(c);
+  return {c, std::fabs(f - c) + 0x1p-50 * std::fabs(c)};
+}
+rb operator+(rb a, rb b) {
+  const double r = a.v + b.v, p = a.e + b.e;
+  return {r, p + own(r, p)};
+}
+rb operator-(rb a) {
+  return {-a.v, a.e};
+}
+rb operator-(rb a, rb b) {
+  return a + (-b);
+}
+rb operator*(rb a, rb b) {
+  const double r = a.v * b.v, p = std::fabs(a.v) * b.e + std::fabs(b.v) * a.e + a.e * b.e;
+  return {r, p + own(r, p)};
+}
+rb operator/(rb a, rb b) {
+  const double den = std::fabs(b.v) - b.e;
+  if (!(den > 0.0))
+    return {a.v / b.v, std::numeric_limits<double>::infinity()};
+  const double r = a.v / b.v;
+  const double p = (std::fabs(a.v) * b.e + std::fabs(b.v) * a.e) / (std::fabs(b.v) * den);
+  return {r, p + own(r, p)};
+}
+rb sqrt_rb(rb a) {
+  const double r = std::sqrt(a.v);
+  const double p = a.e / (r + std::sqrt(std::max(a.v - a.e, 0.0)));
+  return {r, (std::isfinite(p) ? p : std::sqrt(a.e)) + own(r, p)};
+}
+rb max_rb(rb a, rb b) { // exact operation
+  return {std::max(a.v, b.v), std::max(a.e, b.e)};
+}
+rb sign_rb(rb a) {
+  const double s = a.v > 0 ? 1.0 : (a.v < 0 ? -1.0 : 0.0);
+  return {s, std::fabs(a.v) <= a.e ? 2.0 : 0.0};
+}
+
+struct rb_result {
+  rb p, s1, s2;
+};
+
+// The twin's operation sequence (optim_ops.hpp) for one element, on bounds.
+rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_st, double p0,
+                 double g0, double a0, double c0) {
+  const double t = static_cast<double>(h.step);
+  rb p = exact_in(p0), g = exact_in(h.maximize ? -g0 : g0), a = exact_in(a0), c = exact_in(c0);
+  switch (o) {
+  case optimizer::adam:
+  case optimizer::adamw: {
+    if (o == optimizer::adamw)
+      p = p * coef(1.0 - h.lr * h.weight_decay);
+    else
+      g = g + coef(h.weight_decay) * p;
+    const rb m = a + coef(1.0 - h.beta1) * (g - a);
+    const rb v = c * coef(h.beta2) + coef(1.0 - h.beta2) * g * g;
+    const rb den = sqrt_rb(v) / coef(std::sqrt(1.0 - std::pow(h.beta2, t))) + coef(h.eps);
+    p = p + -coef(h.lr / (1.0 - std::pow(h.beta1, t))) * m / den;
+    return {p, m, v};
+  }
+  case optimizer::stable_adamw: {
+    const auto hat = [&](double b) {
+      return b * (1.0 - std::pow(b, t - 1.0)) / (1.0 - std::pow(b, t));
+    };
+    const double b1 = hat(h.beta1), b2 = hat(h.beta2);
+    const rb m = coef(b1) * a + coef(1.0 - b1) * g;
+    const rb v = coef(b2) * c + coef(1.0 - b2) * g * g;
+    p = p * decay_st;
+    p = p - eta * m / (sqrt_rb(v) + coef(h.eps));
+    return {p, m, v};
+  }
+  case optimizer::sgd: {
+    g = g + coef(h.weight_decay) * p;
+    rb buf = a;
+    if (h.momentum != 0.0) {
+      buf = h.step == 1 ? g : buf * coef(h.momentum) + coef(1.0 - h.dampening) * g;
+      g = h.nesterov ? g + coef(h.momentum) * buf : buf;
+    }
+    p = p + -coef(h.lr) * g;
+    return {p, buf, {}};
+  }
+  case optimizer::lion: {
+    p = p * coef(1.0 - h.lr * h.weight_decay);
+    const rb uu = coef(h.beta1) * a + coef(1.0 - h.beta1) * g;
+    p = p + -coef(h.lr) * sign_rb(uu);
+    const rb m = coef(h.beta2) * a + coef(1.0 - h.beta2) * g;
+    return {p, m, {}};
+  }
+  case optimizer::rmsprop: {
+    g = g + coef(h.weight_decay) * p;
+    const rb v = a * coef(h.beta2) + coef(1.0 - h.beta2) * g * g;
+    p = p + -coef(h.lr) * g / (sqrt_rb(v) + coef(h.eps));
+    return {p, v, {}};
+  }
+  case optimizer::adagrad: {
+    g = g + coef(h.weight_decay) * p;
+    const rb s = a + coef(1.0) * g * g;
+    p = p + -coef(h.lr / (1.0 + (t - 1.0) * h.lr_decay)) * g / (sqrt_rb(s) + coef(h.eps));
+    return {p, s, {}};
+  }
+  }
+  return {};
+}
+
+// ---- test cases ---------------------------------------------------------------------------------
+
+reference::optim_rule rule_of(optimizer o) {
+  return static_cast<reference::optim_rule>(static_cast<int>(o));
+}
+
+reference::optim_settings settings_of(const kernels::optim_hparams& h) {
+  reference::optim_settings s;
+  s.lr = h.lr;
+  s.beta1 = h.beta1;
+  s.beta2 = h.beta2;
+  s.eps = h.eps;
+  s.weight_decay = h.weight_decay;
+  s.momentum = h.momentum;
+  s.dampening = h.dampening;
+  s.nesterov = h.nesterov;
+  s.lr_decay = h.lr_decay;
+  s.maximize = h.maximize;
+  s.step = h.step;
+  return s;
+}
+
+// One tensor on the host: fp32 parameter and gradient, states of either kind.
+struct host_tensor {
+  std::int64_t n = 0;
+  bool eight = false;
+  std::vector<float> p, g, s[2];
+  std::vector<std::uint8_t> code[2];
+  std::vector<float> absmax[2];
+  std::vector<std::uint16_t> p16, g16; // bf16/fp16 storage when used
+};
+
+tensor_view flat(const void* data, dtype t, std::int64_t n) {
+  return tensor_view::contiguous(data, t, {n});
+}
+
+kernels::optim_tensor views_of(host_tensor& x, int states, dtype pt = dtype::float32) {
+  kernels::optim_tensor t;
+  if (pt == dtype::float32) {
+    t.param = flat(x.p.data(), pt, x.n);
+    t.grad = flat(x.g.data(), pt, x.n);
+  } else {
+    t.param = flat(x.p16.data(), pt, x.n);
+    t.grad = flat(x.g16.data(), pt, x.n);
+  }
+  tensor_view* st[2] = {&t.state1, &t.state2};
+  tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+  for (int k = 0; k < states; ++k) {
+    if (x.eight) {
+      *st[k] = flat(x.code[k].data(), dtype::uint8, x.n);
+      *am[k] =
+          flat(x.absmax[k].data(), dtype::float32, static_cast<std::int64_t>(x.absmax[k].size()));
+    } else {
+      *st[k] = flat(x.s[k].data(), dtype::float32, x.n);
+    }
+  }
+  return t;
+}
+
+// Values with scales spread over 2^-30 .. 2^10 per run of 64, zeros now and then.
+float draw(std::mt19937_64& r, int run_exp) {
+  std::normal_distribution<float> nd;
+  if (r() % 50 == 0)
+    return 0.0f;
+  return nd(r) * std::ldexp(1.0f, run_exp);
+}
+
+host_tensor make_tensor(std::mt19937_64& r, std::int64_t n, bool eight, int states,
+                        std::int64_t block, bool positive2, bool positive1) {
+  host_tensor x;
+  x.n = n;
+  x.eight = eight;
+  x.p.resize(n);
+  x.g.resize(n);
+  int pe = 0, ge = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % 64 == 0) {
+      pe = static_cast<int>(r() % 20) - 12;
+      ge = static_cast<int>(r() % 30) - 22;
+    }
+    x.p[i] = draw(r, pe);
+    x.g[i] = draw(r, ge);
+  }
+  const std::int64_t blocks = kernels::blockwise_blocks(n, block);
+  for (int k = 0; k < states; ++k) {
+    const bool pos = k == 0 ? positive1 : positive2;
+    if (eight) {
+      x.code[k].resize(n);
+      x.absmax[k].resize(blocks);
+      for (auto& c : x.code[k])
+        c = static_cast<std::uint8_t>(r() % 256);
+      for (auto& a : x.absmax[k])
+        a = r() % 10 == 0 ? 0.0f
+                          : std::ldexp(1.0f + static_cast<float>(r() % 1000) / 1000.0f,
+                                       static_cast<int>(r() % 30) - (pos ? 40 : 20));
+    } else {
+      x.s[k].resize(n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float v = draw(r, pos ? -40 + static_cast<int>(r() % 20) : ge);
+        x.s[k][i] = pos ? std::fabs(v) : v;
+      }
+    }
+  }
+  return x;
+}
+
+// The states' values as the twin reads them (dequantized for 8-bit states).
+std::vector<double> state_values(const host_tensor& x, int k, std::int64_t block, bool is_signed) {
+  std::vector<double> v(x.n);
+  const kernels::codebook cb = kernels::codebook::dynamic_tree(is_signed);
+  for (std::int64_t i = 0; i < x.n; ++i)
+    v[i] = x.eight ? static_cast<double>(cb[x.code[k][i]] * x.absmax[k][i / block]) : x.s[k][i];
+  return v;
+}
+
+kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r) {
+  kernels::optim_hparams h;
+  const auto pick = [&](std::initializer_list<double> v) {
+    return *(v.begin() + static_cast<std::ptrdiff_t>(r() % v.size()));
+  };
+  h.lr = pick({1e-3, 3e-4, 0.1, 1.0});
+  h.beta1 = pick({0.9, 0.0, 0.5, 0.95});
+  h.beta2 = pick({0.999, 0.99, 0.95, 0.5});
+  h.eps = pick({1e-8, 1e-6, 1e-3});
+  h.weight_decay = pick({0.0, 0.01, 0.1});
+  h.step = static_cast<std::int64_t>(pick({1, 2, 3, 10, 1000}));
+  h.maximize = r() % 8 == 0;
+  if (o == optimizer::sgd) {
+    h.momentum = pick({0.0, 0.9, 0.5});
+    h.dampening = h.momentum > 0 && r() % 2 ? 0.1 : 0.0;
+    h.nesterov = h.momentum > 0 && h.dampening == 0.0 && r() % 2;
+  }
+  if (o == optimizer::adagrad)
+    h.lr_decay = pick({0.0, 0.01});
+  return h;
+}
+
+const optimizer all_optimizers[] = {optimizer::adam,   optimizer::adamw, optimizer::stable_adamw,
+                                    optimizer::sgd,    optimizer::lion,  optimizer::rmsprop,
+                                    optimizer::adagrad};
+
+std::string describe_case(optimizer o, const kernels::optim_hparams& h, std::int64_t n,
+                          std::int64_t block, bool eight) {
+  return std::string(kernels::optimizer_name(o)) + " n=" + std::to_string(n) +
+         " block=" + std::to_string(block) + (eight ? " 8-bit" : " 32-bit") +
+         " lr=" + std::to_string(h.lr) + " b1=" + std::to_string(h.beta1) +
+         " b2=" + std::to_string(h.beta2) + " eps=" + std::to_string(h.eps) +
+         " wd=" + std::to_string(h.weight_decay) + " step=" + std::to_string(h.step) +
+         " mom=" + std::to_string(h.momentum) + (h.maximize ? " maximize" : "");
+}
+
+// The nearest entry of a codebook to a double y under the reference's tie rule (a tie goes to the
+// entry of smaller magnitude, at a zero midpoint to the upper one), the midpoints exact in double
+// (sums of two floats of the map). Exact like reference::nearest_entry, and fast enough for every
+// element of every case.
+int nearest_double(const reference::codebook_values& cb, double y) {
+  int idx = 0;
+  for (int j = 0; j < 255; ++j) {
+    const double m = (static_cast<double>(cb[j]) + static_cast<double>(cb[j + 1])) / 2.0;
+    idx += (y > m || (y == m && m <= 0.0)) ? 1 : 0;
+  }
+  return idx;
+}
+
+// StableAdamW's eta as a bound pair, from the exact RMS and the twin's summation depth.
+rb stable_eta_bound(const kernels::optim_hparams& h, const reference::optim_values& x,
+                    std::int64_t block, double rms, rb& decay) {
+  const double t = static_cast<double>(h.step);
+  const double b2 = h.beta2 * (1.0 - std::pow(h.beta2, t - 1.0)) / (1.0 - std::pow(h.beta2, t));
+  double sum = 0.0, err = 0.0;
+  for (std::size_t i = 0; i < x.p.size(); ++i) {
+    const rb g = exact_in(h.maximize ? -x.g[i] : x.g[i]);
+    const rb v = coef(b2) * exact_in(x.s2[i]) + coef(1.0 - b2) * g * g;
+    const rb term = g * g / max_rb(v, coef(h.eps * h.eps));
+    sum += term.v;
+    err += term.e;
+  }
+  // Each term passes through at most block/256 sequential and 8 tree additions in float32.
+  const double depth = static_cast<double>(block / 256 + 8);
+  err += depth * u32 * sum * 1.01 + 1e-12 * sum;
+  const double rel_rms = sum > 0 ? 0.5 * err / sum + 1e-15 : 0.0;
+  const double eta = h.lr / std::max(1.0, rms);
+  const double rel = rms * (1.0 + rel_rms) > 1.0 ? rel_rms : 0.0;
+  const rb e{eta, eta * rel + u32 * eta + 0x1p-149};
+  const double dv = 1.0 - eta * h.weight_decay;
+  decay = {dv, e.e * h.weight_decay + u32 * std::fabs(dv) + 1e-16};
+  return e;
+}
+
+void check_against_reference(optimizer o, std::uint64_t seed) {
+  std::mt19937_64 r(seed);
+  const kernels::optim_hparams h = random_hparams(o, r);
+  const std::int64_t block = r() % 4 == 0 ? 2048 : 256;
+  const bool eight = r() % 3 != 0;
+  const std::int64_t sizes[] = {0, 1, 3, 255, 256, 257, 1000, 2048, 2049, 5000};
+  const std::int64_t n = sizes[r() % std::size(sizes)];
+  const int ns = kernels::optimizer_states(o, h);
+  const bool two_unsigned = true, one_unsigned = !kernels::optimizer_state_signed(o, 0);
+  host_tensor x = make_tensor(r, n, eight, ns, block, two_unsigned, one_unsigned);
+  reference::optim_values in;
+  in.p.assign(x.p.begin(), x.p.end());
+  in.g.assign(x.g.begin(), x.g.end());
+  if (ns > 0)
+    in.s1 = state_values(x, 0, block, kernels::optimizer_state_signed(o, 0));
+  if (ns > 1)
+    in.s2 = state_values(x, 1, block, kernels::optimizer_state_signed(o, 1));
+  const reference::optim_exact ex = reference::optimizer_step_exact(rule_of(o), settings_of(h), in);
+
+  std::vector<std::int64_t> skipped(1, 0);
+  kernels::optim_config cfg;
+  cfg.block = block;
+  const kernels::optim_tensor t = views_of(x, ns);
+  kernels::optimizer_step(o, h, &t, 1, flat(skipped.data(), dtype::int64, 1), cfg);
+  const std::string what = describe_case(o, h, n, block, eight);
+  RC_ASSERT(skipped[0] == 0);
+
+  rb eta{h.lr, 0.0}, decay{1.0, 0.0};
+  if (o == optimizer::stable_adamw)
+    eta = stable_eta_bound(h, in, block, ex.rms, decay);
+  std::vector<rb_result> b(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    b[i] = replay(o, h, eta, decay, in.p[i], in.g[i], ns > 0 ? in.s1[i] : 0.0,
+                  ns > 1 ? in.s2[i] : 0.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(x.p[i]) - ex.p[i]);
+    if (!(d <= b[i].p.e * 1.000001 + 1e-300))
+      RC_FAIL(what + ": parameter " + std::to_string(i) + " twin " + test::describe_input(x.p[i]) +
+              " reference " + test::describe_input(ex.p[i]) + " bound " + std::to_string(b[i].p.e));
+  }
+  for (int k = 0; k < ns; ++k) {
+    const std::vector<double>& es = k == 0 ? ex.s1 : ex.s2;
+    const auto bound = [&](std::int64_t i) { return k == 0 ? b[i].s1.e : b[i].s2.e; };
+    if (!eight) {
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!(std::fabs(static_cast<double>(x.s[k][i]) - es[i]) <= bound(i) * 1.000001))
+          RC_FAIL(what + ": state" + std::to_string(k + 1) + " " + std::to_string(i) + " twin " +
+                  test::describe_input(x.s[k][i]) + " reference " + test::describe_input(es[i]));
+      continue;
+    }
+    const bool sg = kernels::optimizer_state_signed(o, k);
+    const kernels::codebook cb = kernels::codebook::dynamic_tree(sg);
+    reference::codebook_values cv{};
+    std::copy(cb.values().begin(), cb.values().end(), cv.begin());
+    const reference::quantized_state q = reference::quantize_state(es, block, cv, false);
+    const auto nearest = [&](double y) { return nearest_double(cv, y); };
+    for (std::int64_t bl = 0; bl * block < n; ++bl) {
+      const std::int64_t i0 = bl * block, i1 = std::min(n, i0 + block);
+      double E = 0.0;
+      for (std::int64_t i = i0; i < i1; ++i)
+        E = std::max(E, bound(i));
+      const double A = q.absmax[bl];
+      if (!(std::fabs(static_cast<double>(x.absmax[k][bl]) - A) <= E * 1.000001))
+        RC_FAIL(what + ": absmax" + std::to_string(k + 1) + " of block " + std::to_string(bl) +
+                " twin " + test::describe_input(x.absmax[k][bl]) + " reference " +
+                test::describe_input(A));
+      if (!(A > E))
+        continue;
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const int got = x.code[k][i], want = nearest(q.y[i]);
+        if (got == want)
+          continue;
+        const double delta = (bound(i) + E) / (A - E) + u32;
+        const int lo = nearest(q.y[i] - delta), hi = nearest(q.y[i] + delta);
+        if (got < lo || got > hi)
+          RC_FAIL(what + ": code of state" + std::to_string(k + 1) + " element " +
+                  std::to_string(i) + " twin " + std::to_string(got) + " reference " +
+                  std::to_string(want) + " allowed [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+      }
+    }
+  }
+}
+
+TEST(optim_twin, matches_the_reference_within_the_derived_bound) {
+  for (optimizer o : all_optimizers)
+    test::check_property(std::string("optim_twin.reference.") + kernels::optimizer_name(o), 60,
+                         [o] {
+                           const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+                           check_against_reference(o, seed);
+                         });
+}
+
+// ---- invariants ---------------------------------------------------------------------------------
+
+struct bytes_of {
+  std::vector<float> p, s[2], absmax[2];
+  std::vector<std::uint8_t> code[2];
+  friend bool operator==(const bytes_of& a, const bytes_of& b) {
+    const auto same = [](const auto& x, const auto& y) {
+      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+    };
+    return same(a.p, b.p) && same(a.s[0], b.s[0]) && same(a.s[1], b.s[1]) &&
+           same(a.absmax[0], b.absmax[0]) && same(a.absmax[1], b.absmax[1]) &&
+           same(a.code[0], b.code[0]) && same(a.code[1], b.code[1]);
+  }
+};
+bytes_of snapshot(const host_tensor& x) {
+  bytes_of b;
+  b.p = x.p;
+  for (int k = 0; k < 2; ++k) {
+    b.s[k] = x.s[k];
+    b.absmax[k] = x.absmax[k];
+    b.code[k] = x.code[k];
+  }
+  return b;
+}
+
+TEST(optim_twin, multi_tensor_call_equals_one_call_per_tensor_and_threads_change_nothing) {
+  test::check_property("optim_twin.multi_tensor", 40, [] {
+    std::mt19937_64 r(*rc::gen::arbitrary<std::uint64_t>());
+    const optimizer o = all_optimizers[r() % std::size(all_optimizers)];
+    const kernels::optim_hparams h = random_hparams(o, r);
+    const int ns = kernels::optimizer_states(o, h);
+    kernels::optim_config cfg;
+    cfg.block = r() % 2 ? 256 : 2048;
+    std::vector<host_tensor> a;
+    const int count = 1 + static_cast<int>(r() % 6);
+    for (int j = 0; j < count; ++j)
+      a.push_back(make_tensor(r, static_cast<std::int64_t>(r() % 6000), r() % 2 == 0, ns, cfg.block,
+                              true, !kernels::optimizer_state_signed(o, 0)));
+    std::vector<host_tensor> b = a, c = a;
+    std::vector<kernels::optim_tensor> ta;
+    for (auto& x : a)
+      ta.push_back(views_of(x, ns));
+    kernels::optimizer_step(o, h, ta.data(), count, {}, cfg, {.threads = 2});
+    for (auto& x : b) {
+      const kernels::optim_tensor t = views_of(x, ns);
+      kernels::optimizer_step(o, h, &t, 1, {}, cfg, {.threads = 1});
+    }
+    for (int j = 0; j < count; ++j)
+      RC_ASSERT(snapshot(a[static_cast<std::size_t>(j)]) ==
+                snapshot(b[static_cast<std::size_t>(j)]));
+    (void)c;
+  });
+}
+
+// NaN or Inf in a gradient: those blocks keep their parameters and states bit for bit and are
+// counted; every other block is updated as without them (StableAdamW: its RMS leaves them out, so
+// only the untouched blocks are compared).
+TEST(optim_twin, non_finite_gradients_leave_their_blocks_untouched_and_are_counted) {
+  test::check_property("optim_twin.non_finite", 40, [] {
+    std::mt19937_64 r(*rc::gen::arbitrary<std::uint64_t>());
+    const optimizer o = all_optimizers[r() % std::size(all_optimizers)];
+    const kernels::optim_hparams h = random_hparams(o, r);
+    const int ns = kernels::optimizer_states(o, h);
+    kernels::optim_config cfg;
+    cfg.block = 256;
+    const std::int64_t n = 1 + static_cast<std::int64_t>(r() % 3000);
+    host_tensor x = make_tensor(r, n, r() % 2 == 0, ns, cfg.block, true,
+                                !kernels::optimizer_state_signed(o, 0));
+    host_tensor clean = x;
+    const bytes_of before = snapshot(x);
+    const std::int64_t blocks = kernels::blockwise_blocks(n, cfg.block);
+    std::vector<bool> bad(static_cast<std::size_t>(blocks), false);
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    std::int64_t nbad = 0;
+    for (std::int64_t b = 0; b < blocks; ++b)
+      if (r() % 3 == 0) {
+        const std::int64_t i = b * cfg.block + static_cast<std::int64_t>(r() % 256);
+        if (i < n) {
+          x.g[i] = specials[r() % 3];
+          bad[b] = true;
+          ++nbad;
+        }
+      }
+    // The clean run: the same gradients, the poisoned blocks' zeroed (their result is not used).
+    for (std::int64_t b = 0; b < blocks; ++b)
+      if (bad[b])
+        for (std::int64_t i = b * cfg.block; i < std::min(n, (b + 1) * cfg.block); ++i)
+          clean.g[i] = 0.0f;
+    std::vector<std::int64_t> skipped(1, 0), skipped_clean(1, 0);
+    const kernels::optim_tensor t = views_of(x, ns), tc = views_of(clean, ns);
+    kernels::optimizer_step(o, h, &t, 1, flat(skipped.data(), dtype::int64, 1), cfg);
+    kernels::optimizer_step(o, h, &tc, 1, flat(skipped_clean.data(), dtype::int64, 1), cfg);
+    RC_ASSERT(skipped[0] >= nbad);
+    const std::int64_t clean_skips = skipped_clean[0];
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t i0 = b * cfg.block, i1 = std::min(n, i0 + cfg.block);
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const auto same = [](float p, float q) { return std::memcmp(&p, &q, 4) == 0; };
+        if (bad[b]) {
+          RC_ASSERT(same(x.p[i], before.p[i]));
+          for (int k = 0; k < ns; ++k)
+            RC_ASSERT(
+                (x.eight ? x.code[k][i] == before.code[k][i] : same(x.s[k][i], before.s[k][i])));
+        } else if (o != optimizer::stable_adamw) {
+          RC_ASSERT(same(x.p[i], clean.p[i]));
+          for (int k = 0; k < ns; ++k)
+            RC_ASSERT(
+                (x.eight ? x.code[k][i] == clean.code[k][i] : same(x.s[k][i], clean.s[k][i])));
+        }
+      }
+      if (bad[b])
+        for (int k = 0; k < ns && x.eight; ++k)
+          RC_ASSERT(std::memcmp(&x.absmax[k][b], &before.absmax[k][b], 4) == 0);
+    }
+    if (o != optimizer::stable_adamw)
+      RC_ASSERT(skipped[0] == nbad + clean_skips);
+  });
+}
+
+// bfloat16 and float16 parameters: the float32 step on their values, rounded once to the dtype
+// (nearest even); the states exactly those of the float32 step.
+TEST(optim_twin, half_precision_parameters_round_the_float32_step_once) {
+  test::check_property("optim_twin.half_params", 40, [] {
+    std::mt19937_64 r(*rc::gen::arbitrary<std::uint64_t>());
+    const optimizer o = all_optimizers[r() % std::size(all_optimizers)];
+    const kernels::optim_hparams h = random_hparams(o, r);
+    const int ns = kernels::optimizer_states(o, h);
+    const dtype pt = r() % 2 ? dtype::bfloat16 : dtype::float16;
+    const emu::format f = pt == dtype::bfloat16 ? emu::bfloat16 : emu::float16;
+    kernels::optim_config cfg;
+    const std::int64_t n = static_cast<std::int64_t>(r() % 2000);
+    host_tensor x = make_tensor(r, n, r() % 2 == 0, ns, cfg.block, true,
+                                !kernels::optimizer_state_signed(o, 0));
+    x.p16.resize(n);
+    x.g16.resize(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      x.p16[i] = static_cast<std::uint16_t>(emu::encode(f, x.p[i], emu::policy{}));
+      x.g16[i] = static_cast<std::uint16_t>(emu::encode(f, x.g[i], emu::policy{}));
+      x.p[i] = emu::decode<float>(f, x.p16[i]);
+      x.g[i] = emu::decode<float>(f, x.g16[i]);
+    }
+    host_tensor y = x;
+    std::vector<std::int64_t> s16(1, 0), s32(1, 0);
+    const kernels::optim_tensor t16 = views_of(x, ns, pt), t32 = views_of(y, ns);
+    kernels::optimizer_step(o, h, &t16, 1, flat(s16.data(), dtype::int64, 1), cfg);
+    kernels::optimizer_step(o, h, &t32, 1, flat(s32.data(), dtype::int64, 1), cfg);
+    // A block may be skipped in half precision alone (a parameter overflowing float16).
+    RC_PRE(s16[0] == s32[0]);
+    for (std::int64_t i = 0; i < n; ++i)
+      RC_ASSERT(x.p16[i] == static_cast<std::uint16_t>(emu::encode(f, y.p[i], emu::policy{})));
+    x.p = y.p;
+    RC_ASSERT(snapshot(x) == snapshot(y));
+  });
+}
+
+TEST(optim_twin, stochastic_rounding_is_deterministic_and_stays_beside_the_nearest_entry) {
+  std::mt19937_64 r(7);
+  const kernels::optim_hparams h;
+  host_tensor x = make_tensor(r, 5000, true, 2, 256, true, false);
+  host_tensor y = x, z = x, w = x;
+  kernels::optim_config cfg;
+  cfg.rounding = kernels::codebook_rounding::stochastic;
+  cfg.seed = 42;
+  const kernels::optim_tensor tx = views_of(x, 2), ty = views_of(y, 2), tz = views_of(z, 2),
+                              tw = views_of(w, 2);
+  kernels::optimizer_step(optimizer::adamw, h, &tx, 1, {}, cfg);
+  kernels::optimizer_step(optimizer::adamw, h, &ty, 1, {}, cfg);
+  EXPECT_TRUE(snapshot(x) == snapshot(y));
+  cfg.offset = 2;
+  kernels::optimizer_step(optimizer::adamw, h, &tz, 1, {}, cfg);
+  EXPECT_FALSE(snapshot(x) == snapshot(z));
+  EXPECT_EQ(x.p, z.p); // the parameters do not depend on the states' rounding
+  kernels::optim_config nearest;
+  kernels::optimizer_step(optimizer::adamw, h, &tw, 1, {}, nearest);
+  int differ = 0;
+  for (int k = 0; k < 2; ++k)
+    for (std::int64_t i = 0; i < x.n; ++i) {
+      EXPECT_LE(std::abs(int(x.code[k][i]) - int(w.code[k][i])), 1) << "element " << i;
+      differ += x.code[k][i] != w.code[k][i];
+    }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(optim_twin, many_steps_in_a_row_stay_finite_and_descend_a_quadratic) {
+  // f(p) = sum (p - c)^2 / 2, gradient p - c: every optimizer's 8-bit run gets closer to c.
+  for (optimizer o : all_optimizers) {
+    std::mt19937_64 r(11);
+    kernels::optim_hparams h;
+    h.lr = o == optimizer::sgd ? 0.1 : (o == optimizer::adagrad ? 0.5 : 0.01);
+    h.momentum = 0.9;
+    h.beta2 = o == optimizer::lion || o == optimizer::rmsprop ? 0.99 : 0.999;
+    const int ns = kernels::optimizer_states(o, h);
+    host_tensor x =
+        make_tensor(r, 3000, true, ns, 256, true, !kernels::optimizer_state_signed(o, 0));
+    std::vector<float> c(x.n);
+    for (auto& v : c)
+      v = std::normal_distribution<float>()(r);
+    for (auto& v : x.p)
+      v = 2.0f * std::normal_distribution<float>()(r);
+    for (int k = 0; k < ns; ++k) {
+      std::fill(x.code[k].begin(), x.code[k].end(),
+                kernels::optimizer_state_signed(o, k) ? 127 : 0);
+      std::fill(x.absmax[k].begin(), x.absmax[k].end(), 0.0f);
+    }
+    const kernels::codebook cb = kernels::codebook::dynamic_tree(true);
+    for (int k = 0; k < ns; ++k)
+      if (kernels::optimizer_state_signed(o, k))
+        for (auto& code : x.code[k])
+          code = static_cast<std::uint8_t>(std::find(cb.values().begin(), cb.values().end(), 0.0f) -
+                                           cb.values().begin());
+    const auto loss = [&] {
+      double s = 0;
+      for (std::int64_t i = 0; i < x.n; ++i)
+        s += 0.5 * (double(x.p[i]) - c[i]) * (double(x.p[i]) - c[i]);
+      return s;
+    };
+    const double l0 = loss();
+    std::vector<std::int64_t> skipped(1, 0);
+    for (std::int64_t step = 1; step <= 200; ++step) {
+      for (std::int64_t i = 0; i < x.n; ++i)
+        x.g[i] = x.p[i] - c[i];
+      h.step = step;
+      const kernels::optim_tensor t = views_of(x, ns);
+      kernels::optimizer_step(o, h, &t, 1, flat(skipped.data(), dtype::int64, 1), {});
+    }
+    EXPECT_EQ(skipped[0], 0) << kernels::optimizer_name(o);
+    EXPECT_LT(loss(), 0.5 * l0) << kernels::optimizer_name(o);
+  }
+}
+
+// ---- argument checks ----------------------------------------------------------------------------
+
+template <class Fn> std::string message_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(optim_api, refuses_bad_arguments_naming_them) {
+  std::mt19937_64 r(3);
+  host_tensor x = make_tensor(r, 300, true, 2, 256, true, false);
+  const kernels::optim_hparams h;
+  const auto run = [&](kernels::optim_tensor t, kernels::optim_hparams hh = {},
+                       kernels::optim_config cfg = {}, optimizer o = optimizer::adamw) {
+    return message_of([&] { kernels::optimizer_step(o, hh, &t, 1, {}, cfg); });
+  };
+  const bytes_of before = snapshot(x);
+  kernels::optim_tensor t = views_of(x, 2);
+  auto bad = t;
+  bad.grad.type = dtype::float16;
+  EXPECT_NE(run(bad).find("tensors[0].grad"), std::string::npos) << run(bad);
+  bad = t;
+  bad.param.type = dtype::int8;
+  EXPECT_NE(run(bad).find("tensors[0].param"), std::string::npos);
+  bad = t;
+  bad.absmax1.shape[0] = 1;
+  EXPECT_NE(run(bad).find("tensors[0].absmax1"), std::string::npos) << run(bad);
+  bad = t;
+  bad.state2 = {};
+  bad.absmax2 = {};
+  EXPECT_NE(run(bad).find("tensors[0].state2"), std::string::npos) << run(bad);
+  bad = t;
+  bad.grad.shape[0] = 299;
+  EXPECT_NE(run(bad).find("grad"), std::string::npos);
+  bad = t;
+  bad.state1.strides[0] = 2;
+  EXPECT_NE(run(bad).find("tensors[0].state1"), std::string::npos);
+  kernels::optim_hparams hh;
+  hh.lr = std::nan("");
+  EXPECT_NE(run(t, hh).find("lr"), std::string::npos);
+  hh = {};
+  hh.beta1 = 1.0;
+  EXPECT_NE(run(t, hh).find("beta1"), std::string::npos);
+  hh = {};
+  hh.step = 0;
+  EXPECT_NE(run(t, hh).find("step"), std::string::npos);
+  kernels::optim_config cfg;
+  cfg.block = 512;
+  EXPECT_NE(run(t, {}, cfg).find("block = 512"), std::string::npos);
+  // Plain SGD keeps no state: states handed in are refused.
+  EXPECT_NE(run(t, {}, {}, optimizer::sgd).find("state1"), std::string::npos);
+  hh = {};
+  hh.momentum = 0.9;
+  hh.nesterov = true;
+  hh.dampening = 0.5;
+  EXPECT_NE(run(views_of(x, 1), hh, {}, optimizer::sgd).find("nesterov"), std::string::npos);
+  EXPECT_TRUE(snapshot(x) == before); // nothing written by a refused call
+  std::vector<std::int64_t> sk(2, 0);
+  EXPECT_NE(message_of([&] {
+              kernels::optimizer_step(optimizer::adamw, h, &t, 1, flat(sk.data(), dtype::int64, 2));
+            }).find("skipped"),
+            std::string::npos);
+}
+
+TEST(optim_api, empty_tensors_and_empty_calls_are_fine) {
+  host_tensor x;
+  const kernels::optim_tensor t = views_of(x, 0);
+  EXPECT_NO_THROW(kernels::optimizer_step(optimizer::sgd, {}, &t, 1, {}));
+  EXPECT_NO_THROW(kernels::optimizer_step(optimizer::adamw, {}, nullptr, 0, {}));
+}
+
+} // namespace

@@ -1,0 +1,72 @@
+// Fused optimizer steps with 32-bit or 8-bit block-wise states (Dettmers et al., "8-bit
+// Optimizers via Block-wise Quantization", ICLR 2022; StableAdamW from Wortsman et al., NeurIPS
+// 2023). One call updates many parameter tensors of mixed sizes: each reads its parameter,
+// gradient and states (8-bit states dequantized from their codes and block absmax), updates in
+// float32, requantizes the states (nearest entry of the dynamic map: signed for first moments,
+// unsigned for second moments; optionally stochastic) and writes the parameter, in one pass over
+// memory (StableAdamW reads the gradient and second moment once more first, for its per-tensor
+// RMS). CPU twin and CUDA kernel agree bit for bit. Equations, state layout and the non-finite
+// rule: docs/techniques/optimizers.md.
+#pragma once
+
+#include <cstdint>
+
+#include <lowbit/kernels/blockwise.hpp>
+#include <lowbit/kernels/tensor.hpp>
+
+namespace lowbit::kernels {
+
+enum class optimizer : std::uint8_t { adam, adamw, stable_adamw, sgd, lion, rmsprop, adagrad };
+
+const char* optimizer_name(optimizer o);
+
+// Hyper-parameters of one step (a torch param group's). `step` is the step being taken, from 1.
+struct optim_hparams {
+  double lr = 1e-3;
+  double beta1 = 0.9;   // adam family, lion
+  double beta2 = 0.999; // adam family, lion; rmsprop's alpha
+  double eps = 1e-8;
+  double weight_decay = 0.0; // decoupled for adamw, stable_adamw, lion; L2 for the others
+  double momentum = 0.0;     // sgd
+  double dampening = 0.0;    // sgd
+  bool nesterov = false;     // sgd
+  double lr_decay = 0.0;     // adagrad
+  bool maximize = false;
+  std::int64_t step = 1;
+};
+
+// The number of state tensors an optimizer keeps: 2 for the adam family, 1 for lion, rmsprop,
+// adagrad and sgd with momentum, 0 for plain sgd.
+int optimizer_states(optimizer o, const optim_hparams& h);
+// Whether state k (0 or 1) is quantized with the signed dynamic map (first moments, momentum) or
+// the unsigned one (second moments, sums of squares).
+bool optimizer_state_signed(optimizer o, int k);
+
+// One parameter tensor of a step. param: float32, bfloat16 or float16, contiguous; grad: the
+// same dtype and shape. States: float32 with param's element count (32-bit states), or uint8
+// codes with param's element count plus float32 absmax with blockwise_blocks(n, block) elements
+// (8-bit states); all states of a tensor of one kind; unused ones left empty.
+struct optim_tensor {
+  tensor_view param, grad;
+  tensor_view state1, state2;
+  tensor_view absmax1, absmax2;
+};
+
+struct optim_config {
+  std::int64_t block = 256; // 8-bit states' block length: 256 or 2048
+  codebook_rounding rounding = codebook_rounding::nearest;
+  // Stochastic rounding: element i of state k (0, 1) of tensor j draws
+  // random_stream{seed, offset + 2 j + k}.bits(i); callers advance offset by 2 * count per step.
+  std::uint64_t seed = 0, offset = 0;
+};
+
+// Updates count tensors in place. A block (the block elements of one tensor that share an
+// absmax, for 32-bit states too) whose gradient holds a NaN or Inf, or whose new parameter or
+// state values would not all be finite, is left untouched (parameter and states); skipped, unless
+// its data is null, is int64 [count] on the tensors' device and skipped[j] grows by the number of
+// blocks of tensor j so left. All tensors on one device; CUDA work runs on ex.stream.
+void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* tensors,
+                    std::int64_t count, const tensor_view& skipped, const optim_config& cfg = {},
+                    const exec& ex = {});
+
+} // namespace lowbit::kernels

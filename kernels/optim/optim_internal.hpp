@@ -1,0 +1,185 @@
+// The checked form of an optimizer step, shared by the host API, the CPU twin and the CUDA
+// launcher, and the block-level pieces both loop the same way: loading and storing parameters
+// and states, the update dispatch, and StableAdamW's fixed reduction tree. Everything here has
+// passed validation in optim.cpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <lowbit/emu/convert.hpp>
+#include <lowbit/emu/philox.hpp>
+#include <lowbit/kernels/optim.hpp>
+
+#include "../blockwise/blockwise_ops.hpp"
+#include "optim_ops.hpp"
+
+namespace lowbit::kernels {
+
+// Threads of one CUDA block, and the lanes of the CPU twin's mirror of its reductions. A work
+// block is one absmax block of one tensor (block elements); thread t holds its elements
+// t, t + 256, ...
+inline constexpr int optim_threads = 256;
+
+enum class param_kind : std::uint8_t { f32, bf16, f16 };
+
+// One tensor, as the kernel reads it (trivially copyable: the CUDA launcher copies an array of
+// these to the device).
+struct optim_item {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* s1 = nullptr; // float32 or uint8
+  void* s2 = nullptr;
+  float* a1 = nullptr; // 8-bit: absmax per block
+  float* a2 = nullptr;
+  std::int64_t n = 0;
+  std::int64_t block0 = 0; // index of its first work block among all tensors'
+  param_kind ptype = param_kind::f32;
+  bool eight_bit = false;
+};
+
+// What every element of a call shares (trivially copyable; a kernel parameter).
+struct optim_shared {
+  optimizer kind = optimizer::adam;
+  int states = 0;
+  optim_ops::coeffs c;
+  double lr = 0.0, wd = 0.0; // stable_adamw: eta and its decay come from these per tensor
+  std::int64_t block = 256;
+  bool stochastic = false;
+  std::uint64_t seed = 0, offset = 0;
+};
+
+struct optim_problem {
+  optim_shared sh;
+  std::vector<optim_item> items;
+  std::int64_t total_blocks = 0;
+  std::int64_t* skipped = nullptr; // int64 [items], or null
+  device dev{};
+  blockwise_ops::tables tb_signed, tb_unsigned;
+};
+
+namespace optim_detail {
+
+namespace bops = blockwise_ops;
+
+// optimizer_state_signed, for device code too.
+LOWBIT_HD LOWBIT_INLINE bool state_signed(optimizer o, int k) {
+  return o == optimizer::rmsprop || o == optimizer::adagrad ? false : k == 0;
+}
+
+LOWBIT_HD LOWBIT_INLINE float load_param(param_kind t, const void* p, std::int64_t i) {
+  switch (t) {
+  case param_kind::bf16:
+    return emu::detail::bit_cast<float>(
+        static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(p)[i]) << 16);
+  case param_kind::f16: {
+    constexpr emu::format f16 = emu::float16;
+    return emu::decode<float>(f16, static_cast<const std::uint16_t*>(p)[i]);
+  }
+  default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// The parameter's dtype's nearest value (ties to even), overflow to Inf.
+LOWBIT_HD LOWBIT_INLINE void store_param(param_kind t, void* p, std::int64_t i, float x) {
+  switch (t) {
+  case param_kind::bf16: {
+    constexpr emu::format bf16 = emu::bfloat16;
+    static_cast<std::uint16_t*>(p)[i] =
+        static_cast<std::uint16_t>(emu::encode(bf16, x, emu::policy{}));
+    break;
+  }
+  case param_kind::f16: {
+    constexpr emu::format f16 = emu::float16;
+    static_cast<std::uint16_t*>(p)[i] =
+        static_cast<std::uint16_t>(emu::encode(f16, x, emu::policy{}));
+    break;
+  }
+  default: static_cast<float*>(p)[i] = x;
+  }
+}
+
+// The value of a parameter after the store, as float (what the finiteness check must see: a
+// finite float may overflow to Inf in float16).
+LOWBIT_HD LOWBIT_INLINE float stored_value(param_kind t, float x) {
+  switch (t) {
+  case param_kind::bf16: {
+    constexpr emu::format bf16 = emu::bfloat16;
+    return emu::detail::bit_cast<float>(emu::encode(bf16, x, emu::policy{}) << 16);
+  }
+  case param_kind::f16: {
+    constexpr emu::format f16 = emu::float16;
+    return emu::decode<float>(f16, emu::encode(f16, x, emu::policy{}));
+  }
+  default: return x;
+  }
+}
+
+// State k's value of element i (b its block).
+LOWBIT_HD LOWBIT_INLINE float load_state(const optim_item& it, int k, const float* value,
+                                         std::int64_t i, std::int64_t b) {
+  const void* s = k == 0 ? it.s1 : it.s2;
+  if (!it.eight_bit)
+    return static_cast<const float*>(s)[i];
+  const float* a = k == 0 ? it.a1 : it.a2;
+  return bops::decode(value[static_cast<const std::uint8_t*>(s)[i]], a[b]);
+}
+
+// The update of one element; eta and decay are StableAdamW's per-tensor values.
+LOWBIT_HD LOWBIT_INLINE optim_ops::result update(const optim_shared& sh, float eta, float decay,
+                                                 float p, float g, float s1, float s2) {
+  switch (sh.kind) {
+  case optimizer::adam: return optim_ops::adam(sh.c, false, p, g, s1, s2);
+  case optimizer::adamw: return optim_ops::adam(sh.c, true, p, g, s1, s2);
+  case optimizer::stable_adamw: return optim_ops::stable_adamw(sh.c, eta, decay, p, g, s1, s2);
+  case optimizer::sgd: return optim_ops::sgd(sh.c, sh.states > 0, p, g, s1);
+  case optimizer::lion: return optim_ops::lion(sh.c, p, g, s1);
+  case optimizer::rmsprop: return optim_ops::rmsprop(sh.c, p, g, s1);
+  default: return optim_ops::adagrad(sh.c, p, g, s1);
+  }
+}
+
+// The random bits of element i of state k of tensor j.
+LOWBIT_HD LOWBIT_INLINE std::uint32_t random_bits(const optim_shared& sh, std::int64_t j, int k,
+                                                  std::int64_t i) {
+  const emu::random_stream rng{sh.seed, sh.offset + 2u * static_cast<std::uint64_t>(j) +
+                                            static_cast<std::uint64_t>(k)};
+  return rng.bits(static_cast<std::uint64_t>(i));
+}
+
+// The code of state value x in a block of absmax bits amax (finite: poisoned blocks are skipped).
+LOWBIT_HD LOWBIT_INLINE std::uint8_t encode_state(const bops::tables& tb, float x,
+                                                  std::uint32_t amax, bool stochastic,
+                                                  std::uint32_t rbits) {
+  const float t = bops::normalized(x, amax);
+  return static_cast<std::uint8_t>(stochastic ? bops::stochastic_index(tb.value, t, rbits)
+                                              : bops::nearest_index(tb.sum_hi, tb.sum_lo, t));
+}
+
+// StableAdamW's eta = lr / max(1, RMS) and decay = 1 - eta wd from the tensor's sum of RMS terms
+// (double) over `count` elements, in double, each rounded once to float.
+LOWBIT_HD LOWBIT_INLINE void stable_eta(const optim_shared& sh, double total, std::int64_t count,
+                                        float& eta, float& decay) {
+  double rms = 0.0;
+  if (count > 0)
+    rms = ::sqrt(total / static_cast<double>(count));
+  const double e = sh.lr / (rms > 1.0 ? rms : 1.0);
+  eta = static_cast<float>(e);
+  decay = static_cast<float>(1.0 - e * sh.wd);
+}
+
+// A marker for a work block left out of the RMS (any term not finite): partials are sums of
+// non-negative terms, so a negative one is never a sum.
+inline constexpr float excluded_partial = -1.0f;
+
+} // namespace optim_detail
+
+namespace cpu {
+void optimizer_step(const optim_problem& p, const exec& ex);
+} // namespace cpu
+namespace cuda {
+void optimizer_step(const optim_problem& p, const exec& ex);
+} // namespace cuda
+
+} // namespace lowbit::kernels

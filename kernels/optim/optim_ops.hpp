@@ -1,0 +1,154 @@
+// Per-element updates of the optimizer steps, shared by the CPU twin and the CUDA kernel: each is
+// a function of (parameter as float, gradient as float, the states as float, the step's
+// coefficients) that returns the new parameter and states. How the parameter and the states are
+// loaded and stored (fp32/bf16/fp16 parameters, 32-bit or 8-bit block-wise states, a residual
+// master weight) is the caller's business, so another load/store can wrap the same update.
+//
+// Every update is a fixed sequence of float32 operations, written out one rounding at a time
+// (the library is built with -ffp-contract=off and nvcc --fmad=false, so nothing is fused). The
+// sequences follow torch.optim's single-tensor paths where an optimizer exists there, so the
+// 32-bit variants stay within a few ulps of torch's.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <lowbit/emu/config.hpp>
+
+namespace lowbit::kernels::optim_ops {
+
+// The coefficients of one step, computed once per call on the host (in double, each rounded
+// once to float32; optim.cpp) and read by every element. The names say what each multiplies.
+struct coeffs {
+  float lr = 0.0f;       // adam family: lr / (1 - beta1^t) (step_size); sgd, lion, rmsprop: lr;
+                         // adagrad: lr / (1 + (t - 1) lr_decay); stable_adamw: lr
+  float decay = 1.0f;    // decoupled weight decay factor 1 - lr wd (adamw, lion)
+  float wd = 0.0f;       // L2 weight decay added to the gradient (adam, sgd, rmsprop, adagrad)
+  float beta1 = 0.0f;    // adam: beta1; stable: debiased beta1-hat; sgd: momentum; lion: beta1
+  float one_m_b1 = 0.0f; // 1 - beta1 (adam family, lion); sgd: 1 - dampening
+  float beta2 = 0.0f;    // adam, rmsprop (alpha); stable: beta2-hat; lion: beta2
+  float one_m_b2 = 0.0f; // 1 - beta2
+  float bc2_sqrt = 1.0f; // adam: sqrt(1 - beta2^t)
+  float eps = 0.0f;      // added to the denominator
+  float eps2 = 0.0f;     // stable_adamw: eps^2, the floor of v in the RMS term
+  bool first = false;    // sgd: the first step copies the gradient into the momentum
+  bool nesterov = false; // sgd
+  bool maximize = false; // every optimizer: ascend instead of descend
+};
+
+// The new values of one element.
+struct result {
+  float p, s1, s2;
+};
+
+LOWBIT_HD LOWBIT_INLINE float sqrt_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// torch.lerp(m, g, w) for w < 0.5: m + w (g - m).
+LOWBIT_HD LOWBIT_INLINE float lerp(float m, float g, float w) {
+  return m + w * (g - m);
+}
+
+// Adam (L2 weight decay through the gradient) and AdamW (decoupled: the parameter scaled by
+// 1 - lr wd first). torch: m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2);
+// denom = sqrt(v) / sqrt(1 - b2^t) + eps; p.addcdiv_(m, denom, -lr / (1 - b1^t)).
+LOWBIT_HD LOWBIT_INLINE result adam(const coeffs& c, bool decoupled, float p, float g, float m,
+                                    float v) {
+  if (c.maximize)
+    g = -g;
+  if (decoupled)
+    p = p * c.decay;
+  else
+    g = g + c.wd * p;
+  m = lerp(m, g, c.one_m_b1);
+  v = v * c.beta2 + c.one_m_b2 * g * g;
+  const float denom = sqrt_rn(v) / c.bc2_sqrt + c.eps;
+  p = p + -c.lr * m / denom;
+  return {p, m, v};
+}
+
+// StableAdamW (Wortsman et al. 2023, Algorithm 2), the moments with the debiased betas
+// beta-hat = beta (1 - beta^(t-1)) / (1 - beta^t): first the new second moment, which the RMS
+// term needs before any parameter is written.
+LOWBIT_HD LOWBIT_INLINE float stable_v(const coeffs& c, float g, float v) {
+  return c.beta2 * v + c.one_m_b2 * g * g;
+}
+// The element's share of the update-clipping RMS: g^2 / max(v_t, eps^2).
+LOWBIT_HD LOWBIT_INLINE float stable_rms_term(const coeffs& c, float g, float v_new) {
+  return g * g / (v_new > c.eps2 ? v_new : c.eps2);
+}
+// The step with eta = lr / max(1, RMS) and decay = 1 - eta wd (per tensor, from the reduction):
+// p = p decay - eta u / (sqrt(v) + eps).
+LOWBIT_HD LOWBIT_INLINE result stable_adamw(const coeffs& c, float eta, float decay, float p,
+                                            float g, float u, float v) {
+  if (c.maximize)
+    g = -g;
+  u = c.beta1 * u + c.one_m_b1 * g;
+  v = stable_v(c, g, v);
+  p = p * decay;
+  p = p - eta * u / (sqrt_rn(v) + c.eps);
+  return {p, u, v};
+}
+
+// SGD with momentum (torch): g += wd p; buf = g on the first step, else buf mom + (1 - damp) g;
+// Nesterov: g + mom buf, else buf; p -= lr g. Without momentum there is no state (s1 stays).
+LOWBIT_HD LOWBIT_INLINE result sgd(const coeffs& c, bool has_momentum, float p, float g,
+                                   float buf) {
+  if (c.maximize)
+    g = -g;
+  g = g + c.wd * p;
+  if (has_momentum) {
+    buf = c.first ? g : buf * c.beta1 + c.one_m_b1 * g;
+    g = c.nesterov ? g + c.beta1 * buf : buf;
+  }
+  p = p + -c.lr * g;
+  return {p, buf, 0.0f};
+}
+
+LOWBIT_HD LOWBIT_INLINE float sign_of(float x) {
+  return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+}
+
+// Lion (Chen et al. 2023): p = p (1 - lr wd) - lr sign(b1 m + (1 - b1) g);
+// m = b2 m + (1 - b2) g.
+LOWBIT_HD LOWBIT_INLINE result lion(const coeffs& c, float p, float g, float m) {
+  if (c.maximize)
+    g = -g;
+  p = p * c.decay;
+  const float u = c.beta1 * m + c.one_m_b1 * g;
+  p = p + -c.lr * sign_of(u);
+  m = c.beta2 * m + c.one_m_b2 * g;
+  return {p, m, 0.0f};
+}
+
+// RMSprop (torch, not centered, no momentum): g += wd p; v = v alpha + (1 - alpha) g g;
+// p -= lr g / (sqrt(v) + eps).
+LOWBIT_HD LOWBIT_INLINE result rmsprop(const coeffs& c, float p, float g, float v) {
+  if (c.maximize)
+    g = -g;
+  g = g + c.wd * p;
+  v = v * c.beta2 + c.one_m_b2 * g * g;
+  p = p + -c.lr * g / (sqrt_rn(v) + c.eps);
+  return {p, v, 0.0f};
+}
+
+// Adagrad (torch): g += wd p; s += g g; p -= clr g / (sqrt(s) + eps).
+LOWBIT_HD LOWBIT_INLINE result adagrad(const coeffs& c, float p, float g, float s) {
+  if (c.maximize)
+    g = -g;
+  g = g + c.wd * p;
+  s = s + 1.0f * g * g;
+  p = p + -c.lr * g / (sqrt_rn(s) + c.eps);
+  return {p, s, 0.0f};
+}
+
+LOWBIT_HD LOWBIT_INLINE bool finite(float x) {
+  return (emu::detail::bit_cast<std::uint32_t>(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+} // namespace lowbit::kernels::optim_ops

@@ -1,0 +1,65 @@
+// Reference of one optimizer step (docs/techniques/optimizers.md): the update equations of each
+// optimizer evaluated in 50 significant digits on the given parameter, gradient and (dequantized)
+// states, and the block-wise quantization of the exact new states (absmax per block, the nearest
+// entry of a codebook by exact comparison). Plain C++ over Boost.Multiprecision; shares nothing
+// with the kernels it checks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <lowbit/reference/blockwise.hpp>
+
+namespace lowbit::reference {
+
+enum class optim_rule { adam, adamw, stable_adamw, sgd, lion, rmsprop, adagrad };
+
+// The hyper-parameters as the caller gave them (doubles, used exactly).
+struct optim_settings {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double momentum = 0.0, dampening = 0.0;
+  bool nesterov = false;
+  double lr_decay = 0.0;
+  bool maximize = false;
+  std::int64_t step = 1;
+};
+
+// One tensor's values before the step (finite): s1, s2 the states' values (dequantized for
+// 8-bit states), empty where the optimizer keeps fewer.
+struct optim_values {
+  std::vector<double> p, g, s1, s2;
+};
+
+// The step's results, each the 50-digit value rounded once to double. rms: StableAdamW's
+// sqrt(mean(g^2 / max(v_t, eps^2))) over the whole tensor.
+struct optim_exact {
+  std::vector<double> p, s1, s2;
+  double rms = 0.0;
+};
+
+// Equations (t = step, every optimizer's g negated first under maximize):
+//   adam:  g += wd p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//          p -= lr/(1-b1^t) m / (sqrt(v)/sqrt(1-b2^t) + eps)
+//   adamw: p *= 1 - lr wd, then adam without the L2 term
+//   stable_adamw: bh_i = b_i (1 - b_i^(t-1)) / (1 - b_i^t); u = bh1 u + (1-bh1) g;
+//          v = bh2 v + (1-bh2) g^2; eta = lr / max(1, rms); p = p (1 - eta wd) - eta
+//          u/(sqrt(v)+eps)
+//   sgd:   g += wd p; buf = g (t = 1) or mom buf + (1-damp) g; g = g + mom buf (nesterov) or buf;
+//          p -= lr g (no state without momentum)
+//   lion:  p *= 1 - lr wd; p -= lr sign(b1 m + (1-b1) g); m = b2 m + (1-b2) g
+//   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2); p -= lr g / (sqrt(v) + eps)
+//   adagrad: g += wd p; s += g^2; p -= lr/(1 + (t-1) lr_decay) g / (sqrt(s) + eps)
+optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const optim_values& x);
+
+// Block-wise quantization of exact state values s: absmax[b] = max |s| over block b, y[i] =
+// s[i] / absmax (s[i] itself in an all-zero block), codes[i] = nearest_entry(cb, y[i]) (y taken
+// as the double nearest to it); with_codes = false leaves codes empty (the exact search compares
+// with all 256 entries as rationals, which dominates the cost).
+struct quantized_state {
+  std::vector<int> codes;
+  std::vector<double> absmax, y;
+};
+quantized_state quantize_state(const std::vector<double>& s, std::int64_t block,
+                               const codebook_values& cb, bool with_codes = true);
+
+} // namespace lowbit::reference
