@@ -361,6 +361,32 @@ def test_nan_or_inf_in_a_row_of_x_reaches_that_output_row_only(variant, fmt, bad
     assert torch.isfinite(torch.cat([y[:2], y[3:]])).all()
 
 
+def test_nan_in_x_reaches_the_weight_gradient_as_documented():
+    for variant, whole in (("switchback", False), ("switchback_q", False),
+                           ("switchback_m", True)):
+        layer, x = layer_and_input(variant, lead=(6,))
+        x[2, 7] = float("nan")
+        _, _, dx, dw, _ = run(layer, x)
+        assert torch.isfinite(dx).all()
+        if whole:
+            assert torch.isnan(dw).all()
+        else:
+            assert torch.isnan(dw[:, 7]).all()
+            assert torch.isfinite(dw[:, [i for i in range(48) if i != 7]]).all()
+    layer, x = layer_and_input("tensorwise", lead=(6,))
+    x[2, 7] = float("nan")
+    assert torch.isnan(layer(x)).all()
+
+
+def test_nan_in_w_of_switchback_q_reaches_one_input_gradient_column():
+    layer, x = layer_and_input("switchback_q", lead=(5,))
+    with torch.no_grad():
+        layer.weight[1, 3] = float("nan")
+    _, _, dx, _, _ = run(layer, x)
+    assert torch.isnan(dx[:, 3]).all()
+    assert torch.isfinite(dx[:, [i for i in range(48) if i != 3]]).all()
+
+
 def test_nan_in_w_makes_every_output_nan():
     layer, x = layer_and_input("switchback", lead=(4,))
     with torch.no_grad():
@@ -522,3 +548,15 @@ def test_docstring_examples_run():
     result = doctest.testmod(lowbit.nn.linear, extraglobs={"lowbit": lowbit, "torch": torch},
                              optionflags=doctest.NORMALIZE_WHITESPACE, report=True)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_switchback_doc_examples_run():
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "techniques" / "switchback.md"
+    blocks = re.findall(r"^```python torch\n(.*?)^```\s*$", doc.read_text(encoding="utf-8"),
+                        re.S | re.M)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, str(doc), "exec"), {"__name__": "__docs__"})
