@@ -1,5 +1,5 @@
 // The CUTLASS backend of the scaled matmul: CUTLASS 3 kernels for sm_90 (TMA loads, WGMMA,
-// warp-specialized persistent cooperative schedule) whose epilogue visitor tree computes the
+// warp-specialized persistent schedules) whose epilogue visitor tree computes the
 // rule of gemm.hpp in registers, so the dequantization and the bias cost no pass over the output:
 //   D[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n])
 // Each node of the tree is one float32 operation rounded to nearest (the build has no FMA
@@ -15,6 +15,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -44,16 +45,56 @@ using cute::_64;
 using cute::Shape;
 using cute::Stride;
 
-// One kernel per (operand element, output element): 3 x 3 instantiations in all.
-//   int8:   128 x 256 x 128 tiles (48 KiB of operands per stage), int32 accumulators;
-//   16-bit: 128 x 256 x 64 tiles (the same bytes per stage), float32 accumulators.
-// Clusters of 2 along M share (multicast) each tile of B, which both CTAs of the pair need. The
-// cooperative schedule splits a tile's M between two consumer warp groups and is persistent.
+// The root of the epilogue tree: v + bias, then out's rounding (nearest-even; overflow gives
+// Inf) with every NaN written as the positive quiet NaN, as gemm_store writes it (the GPU's own
+// conversions write 0x7FFF, and its arithmetic 0x7FFFFFFF, for NaN).
+template <class ElementD> struct add_and_store {
+  // Called on fragments (cutlass::Array<float, N>); T itself is not used (the visitor also names
+  // fn<float> for its arguments type).
+  template <class T> struct fn {
+    template <int N>
+    CUTLASS_DEVICE cutlass::Array<ElementD, N>
+    operator()(const cutlass::Array<float, N>& v, const cutlass::Array<float, N>& bias) const {
+      cutlass::Array<ElementD, N> out;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < N; ++i)
+        out[i] = store(v[i] + bias[i]);
+      return out;
+    }
+    CUTLASS_DEVICE static ElementD store(float x) {
+      const bool nan = !(x == x);
+      if constexpr (std::is_same_v<ElementD, float>) {
+        return nan ? __uint_as_float(0x7FC00000u) : x;
+      } else if constexpr (std::is_same_v<ElementD, cutlass::bfloat16_t>) {
+        return cutlass::bfloat16_t::bitcast(nan ? std::uint16_t{0x7FC0}
+                                                : __bfloat16_as_ushort(__float2bfloat16_rn(x)));
+      } else {
+        static_assert(std::is_same_v<ElementD, cutlass::half_t>);
+        return cutlass::half_t::bitcast(nan ? std::uint16_t{0x7E00}
+                                            : __half_as_ushort(__float2half_rn(x)));
+      }
+    }
+  };
+};
+
+// One kernel per (operand element, output element): 3 x 3 instantiations in all, persistent,
+// with clusters of 2 CTAs along M that share (multicast) each tile of B, which both need.
+//   int8:   128 x 128 x 128 tiles (32 KiB of operands per stage), int32 accumulators, the
+//           ping-pong schedule: each consumer warp group owns a whole tile, and one's epilogue
+//           runs while the other's MMAs do, which matters at K = 1280 where the epilogue is a
+//           large share of a tile's time.
+//   16-bit: 128 x 256 x 64 tiles (48 KiB per stage), float32 accumulators, the cooperative
+//           schedule: both consumer warp groups split one tile's M.
 template <class ElementAB, class ElementD> struct sm90_kernel {
   static constexpr bool is_int8 = std::is_same_v<ElementAB, std::int8_t>;
   using acc_t = std::conditional_t<is_int8, std::int32_t, float>;
-  using tile = std::conditional_t<is_int8, Shape<_128, _256, _128>, Shape<_128, _256, _64>>;
+  using tile = std::conditional_t<is_int8, Shape<_128, _128, _128>, Shape<_128, _256, _64>>;
   using cluster = Shape<_2, _1, _1>;
+  using mainloop_schedule =
+      std::conditional_t<is_int8, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using epilogue_schedule = std::conditional_t<is_int8, cutlass::epilogue::TmaWarpSpecialized,
+                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
   static constexpr auto rn = cutlass::FloatRoundStyle::round_to_nearest;
 
   // The scales and the bias are float32 vectors broadcast along N (sa, one per row of D) or along
@@ -68,7 +109,7 @@ template <class ElementAB, class ElementD> struct sm90_kernel {
   using bias_node = fusion::Sm90RowBroadcast<0, tile, float, float, row_stride, 1>;
   // ((float(acc) * sa) * sb) + bias, rounded to D's type at the root.
   using evt = fusion::Sm90EVT<
-      fusion::Sm90Compute<cutlass::plus, ElementD, float, rn>,
+      fusion::Sm90Compute<add_and_store<ElementD>::template fn, ElementD, float, rn>,
       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, rn>,
                       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, rn>,
                                       fusion::Sm90AccFetch, sa_node>,
@@ -85,15 +126,14 @@ template <class ElementAB, class ElementD> struct sm90_kernel {
   using epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, tile, cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, acc_t, float, void, layout_d, align_d,
-      ElementD, layout_d, align_d, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      evt>::CollectiveOp;
+      ElementD, layout_d, align_d, epilogue_schedule, evt>::CollectiveOp;
 
   using mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, layout_a, align_ab, ElementAB,
       layout_b, align_ab, acc_t, tile, cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      mainloop_schedule>::CollectiveOp;
 
   using kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, mainloop, epilogue,
                                                       cutlass::gemm::PersistentScheduler>;
@@ -122,14 +162,14 @@ template <class ElementAB, class ElementD> void run(const gemm_problem& p, const
 
   // bias as float32: the caller's when it is float32 already, else widened into scratch.
   const float* bias = static_cast<const float*>(p.bias);
-  scratch bias_buf(p.bias != nullptr && p.bias_type != dtype::float32 ? p.n * sizeof(float) : 0,
-                   stream);
+  std::optional<scratch> bias_buf;
   if (p.bias != nullptr && p.bias_type != dtype::float32) {
+    bias_buf.emplace(p.n * sizeof(float), stream);
     widen_bias<<<grid_for(p.n, 256), 256, 0, stream>>>(static_cast<const std::uint16_t*>(p.bias),
                                                        p.bias_type == dtype::bfloat16,
-                                                       bias_buf.as<float>(), p.n);
+                                                       bias_buf->as<float>(), p.n);
     check_launch("widen_bias");
-    bias = bias_buf.as<float>();
+    bias = bias_buf->as<float>();
   }
 
   typename gemm::GemmKernel::StrideA stride_a{};
@@ -157,7 +197,7 @@ template <class ElementAB, class ElementD> void run(const gemm_problem& p, const
        {sb, 1.0f, {_0{}, sb_rows, std::int64_t{0}}},           // sb
        {}},                                                    // multiplies
       {bias, 0.0f, {_0{}, bias != nullptr, std::int64_t{0}}},  // bias
-      {}};                                                     // plus
+      {}};                                                     // add_and_store
 
   typename gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
@@ -169,8 +209,12 @@ template <class ElementAB, class ElementD> void run(const gemm_problem& p, const
 
   gemm op;
   check_status(op.can_implement(args), "can_implement");
-  scratch workspace(gemm::get_workspace_size(args), stream);
-  check_status(op.initialize(args, workspace.as<void>(), stream), "initialize");
+  const std::size_t workspace_bytes = gemm::get_workspace_size(args);
+  std::optional<scratch> workspace;
+  if (workspace_bytes > 0)
+    workspace.emplace(workspace_bytes, stream);
+  check_status(op.initialize(args, workspace ? workspace->as<void>() : nullptr, stream),
+               "initialize");
   check_status(op.run(stream), "run");
   check_launch("cutlass sm90 gemm");
 }
