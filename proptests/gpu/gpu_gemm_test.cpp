@@ -161,6 +161,10 @@ struct operand {
 
   std::size_t esize() const { return kernels::dtype_size(dtype_of(k)); }
   void store() {
+    values_.resize(codes.size());
+    for (std::size_t i = 0; i < codes.size(); ++i)
+      values_[i] = is_int(k) ? static_cast<std::int8_t>(codes[i])
+                             : emu::decode<double>(format_of(k), codes[i]);
     buf = std::make_unique<mirrored>((offset + std::max<std::int64_t>(rows, 1) * stride + 1) *
                                      esize());
     for (std::int64_t r = 0; r < rows; ++r)
@@ -180,11 +184,9 @@ struct operand {
     o.scales = sbuf->flat(gpu, dtype::float32, static_cast<std::int64_t>(scales.size()));
     return o;
   }
+  std::vector<double> values_; // the exact value of each code, filled by store()
   double value(std::int64_t r, std::int64_t c) const {
-    const std::uint32_t x = codes[static_cast<std::size_t>(r * cols + c)];
-    if (is_int(k))
-      return static_cast<std::int8_t>(x);
-    return emu::decode<double>(format_of(k), x);
+    return values_[static_cast<std::size_t>(r * cols + c)];
   }
 };
 
@@ -223,6 +225,7 @@ struct problem {
   dtype out_t = dtype::float32;
   std::int64_t out_stride = 0, out_offset = 0;
   std::unique_ptr<mirrored> out;
+  std::vector<double> mags; // check_within_bound's sums of |products|, computed on first use
 
   std::string describe() const {
     return std::string(kind_name(a.k)) + " x " + kind_name(b.k) + ", M=" + std::to_string(a.rows) +
@@ -385,11 +388,19 @@ void check_within_bound(problem& p, const std::vector<unsigned char>& cpu,
                         const std::vector<unsigned char>& gpu, const char* backend) {
   const double u = std::ldexp(1.0, -24);
   const std::int64_t k = p.a.cols;
+  if (p.mags.empty()) { // sum|a_k b_k| of every output, once per problem
+    p.mags.resize(static_cast<std::size_t>(p.a.rows * p.b.rows));
+    for (std::int64_t m = 0; m < p.a.rows; ++m)
+      for (std::int64_t n = 0; n < p.b.rows; ++n) {
+        double mag = 0;
+        for (std::int64_t t = 0; t < k; ++t)
+          mag += std::fabs(p.a.value(m, t) * p.b.value(n, t));
+        p.mags[static_cast<std::size_t>(m * p.b.rows + n)] = mag;
+      }
+  }
   for (std::int64_t m = 0; m < p.a.rows; ++m)
     for (std::int64_t n = 0; n < p.b.rows; ++n) {
-      double mag = 0;
-      for (std::int64_t t = 0; t < k; ++t)
-        mag += std::fabs(p.a.value(m, t) * p.b.value(n, t));
+      const double mag = p.mags[static_cast<std::size_t>(m * p.b.rows + n)];
       const double c = p.out_float(cpu, m, n), g = p.out_float(gpu, m, n);
       const double bound = 2.0 * static_cast<double>(k > 0 ? k - 1 : 0) * u * mag;
       if (!(std::fabs(g - c) <= bound))
