@@ -162,8 +162,9 @@ void cutlass_sm90_matmul(const gemm_problem& p, const exec& ex);
 void finish_matmul(const gemm_problem& p, const void* acc, bool acc_is_int, std::int64_t acc_ld,
                    const exec& ex);
 
-// dst[i] = gemm_scale(s, mode, i) for i < n (device memory): a tensor's scale as a vector where
-// cuBLASLt takes per-row scales for one operand only as vectors for both.
+// dst[i] = gemm_scale(s, mode, i) for i < n (device memory): cuBLASLt's outer-vector scaling
+// takes vectors for both operands, so a tensor's scale (or none) is broadcast into one and
+// per-row scales are copied into aligned scratch.
 void broadcast_scales(const float* s, scale_mode mode, std::int64_t n, float* dst, const exec& ex);
 
 // Why cuBLASLt cannot take the problem on this device (empty when it can): the element types,
