@@ -529,6 +529,35 @@ def test_cuda_int8_forward_and_grad_input_equal_cpu(variant, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["simt", "widened", "automatic"])
+@pytest.mark.parametrize("variant", ["switchback", "switchback_q"])
+def test_cuda_fp8_forward_and_grad_input(backend, variant):
+    # The quantization is bitwise the CPU's; simt sums in the CPU twin's order (bitwise), the
+    # others within the bound of a float32 sum in any order (gemm.md: an fp8 tensor-core
+    # accumulator that truncates between promotions may exceed it; this test says so then).
+    layer, x = layer_and_input(variant, fmt="fp8", lead=(4, 64), fin=256, fout=128)
+    y, g, dx, _, _ = run(layer, x)
+    cuda = lnn.SwitchBackLinear(256, 128, device="cuda", variant=variant, fmt="fp8",
+                                backend=backend)
+    cuda.load_state_dict(layer.state_dict())
+    yc, _, dxc, _, _ = run(cuda, x.cuda(), g.cuda())
+    if backend == "simt":
+        assert torch.equal(yc.cpu(), y) and torch.equal(dxc.cpu(), dx)
+        return
+    x2, w, g2 = to_np(x.reshape(-1, 256)), to_np(layer.weight), to_np(g.reshape(-1, 128))
+    q = variant == "switchback_q"
+    xc, xs = lowbit.quantize(x2, "e4m3fn", "rows")
+    wc, ws = lowbit.quantize(w, "e4m3fn", "rows" if q else "tensor")
+    fp8_check(yc.cpu().reshape(-1, 128), xc, "e4m3fn", xs, wc, "e4m3fn", ws, to_np(layer.bias),
+              torch.float32)
+    gc, gs = lowbit.quantize(g2, "e5m2", "rows")
+    wtc, wts = lowbit.quantize(w, "e4m3fn", "columns", transpose=True) if q else \
+        (np.ascontiguousarray(wc.T), ws)
+    fp8_check(dxc.cpu().reshape(-1, 256), gc, "e5m2", gs, wtc, "e4m3fn", wts, None,
+              torch.float32)
+
+
+@pytest.mark.gpu
 def test_cuda_torch_compile_and_stream():
     layer, x = layer_and_input("switchback", dtype=torch.bfloat16, lead=(32,), fin=128,
                                fout=64, device="cuda")
