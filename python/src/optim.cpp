@@ -1,5 +1,135 @@
-// Work in progress.
+// lowbit._core's fused optimizer steps: kernels/include/lowbit/kernels/optim.hpp over DLPack
+// tensors and numpy arrays (the array intake of arrays.hpp), every tensor updated in place. The
+// torch.optim layer (lowbit/optim/) allocates the states and calls optimizer_step once per param
+// group with the group's tensors.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <lowbit/emu/error.hpp>
+#include <lowbit/kernels/optim.hpp>
+#include <lowbit/kernels/tensor.hpp>
+
+#include "arrays.hpp"
 #include "bindings.hpp"
+
 namespace lowbit::python {
-void bind_optim(pybind11::module_&) {}
+namespace {
+
+namespace k = kernels;
+
+k::optimizer parse_optimizer(const std::string& s) {
+  for (k::optimizer o :
+       {k::optimizer::adam, k::optimizer::adamw, k::optimizer::stable_adamw, k::optimizer::sgd,
+        k::optimizer::lion, k::optimizer::rmsprop, k::optimizer::adagrad})
+    if (s == k::optimizer_name(o))
+      return o;
+  fail(errc::invalid_argument, "optimizer '" + s +
+                                   "': expected one of adam, adamw, stable_adamw, sgd, lion, "
+                                   "rmsprop, adagrad");
+}
+
+k::codebook_rounding parse_rounding(const std::string& s) {
+  if (s == "nearest_toward_zero")
+    return k::codebook_rounding::nearest;
+  if (s == "stochastic")
+    return k::codebook_rounding::stochastic;
+  fail(errc::invalid_argument,
+       "rounding '" + s + "': expected one of nearest_toward_zero, stochastic");
+}
+
+// One tensor's arguments, kept alive for the call.
+struct taken {
+  std::string names[6]; // the argument records point to them
+  std::vector<array_arg> args;
+  k::optim_tensor t;
+};
+
+const dtypes param_dtypes = {dtype::float32, dtype::bfloat16, dtype::float16};
+
+void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, taken& out) {
+  const py::tuple tup = py::reinterpret_borrow<py::tuple>(item);
+  if (tup.size() != 6)
+    fail(errc::invalid_argument, "tensors[" + std::to_string(j) +
+                                     "]: expected (param, grad, state1, state2, absmax1, "
+                                     "absmax2), None for the ones not kept");
+  static const char* names[6] = {"param", "grad", "state1", "state2", "absmax1", "absmax2"};
+  k::tensor_view* dst[6] = {&out.t.param,  &out.t.grad,    &out.t.state1,
+                            &out.t.state2, &out.t.absmax1, &out.t.absmax2};
+  out.args.reserve(6);
+  for (std::size_t q = 0; q < 6; ++q) {
+    if (tup[q].is_none())
+      continue;
+    out.names[q] = "tensors[" + std::to_string(j) + "]." + names[q];
+    const dtype_rule rule{q < 2   ? param_dtypes
+                          : q < 4 ? dtypes{dtype::float32, dtype::uint8}
+                                  : dtypes{dtype::float32},
+                          ""};
+    out.args.push_back(take(tup[q], out.names[q].c_str(), stream, rule, q != 1));
+    *dst[q] = view_of(out.args.back(), out.args.back().contiguous());
+  }
+}
+
+py::object optimizer_step(const std::string& optimizer, const py::list& tensors, double lr,
+                          double beta1, double beta2, double eps, double weight_decay,
+                          double momentum, double dampening, bool nesterov, double lr_decay,
+                          bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
+                          const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
+                          std::int64_t threads, std::uintptr_t stream) {
+  const k::optimizer o = parse_optimizer(optimizer);
+  k::optim_hparams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.momentum = momentum;
+  h.dampening = dampening;
+  h.nesterov = nesterov;
+  h.lr_decay = lr_decay;
+  h.maximize = maximize;
+  h.step = step;
+  k::optim_config cfg;
+  cfg.block = block;
+  cfg.rounding = parse_rounding(rounding);
+  cfg.seed = seed;
+  cfg.offset = offset;
+  const k::exec ex = exec_of(threads, stream);
+  std::vector<taken> held(tensors.size());
+  std::vector<k::optim_tensor> views;
+  views.reserve(tensors.size());
+  for (std::size_t j = 0; j < tensors.size(); ++j) {
+    take_tensor(tensors[j], j, stream, held[j]);
+    views.push_back(held[j].t);
+  }
+  array_arg sk;
+  k::tensor_view sv;
+  if (!skipped.is_none()) {
+    sk = take(skipped, "skipped", stream, {{dtype::int64}, ""}, true);
+    sv = view_of(sk, sk.contiguous());
+  }
+  {
+    py::gil_scoped_release no_gil;
+    k::optimizer_step(o, h, views.data(), static_cast<std::int64_t>(views.size()), sv, cfg, ex);
+  }
+  return py::none();
+}
+
+} // namespace
+
+void bind_optim(py::module_& m) {
+  m.def("optimizer_step", &optimizer_step, py::arg("optimizer"), py::arg("tensors"), py::arg("lr"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
+        py::arg("momentum"), py::arg("dampening"), py::arg("nesterov"), py::arg("lr_decay"),
+        py::arg("maximize"), py::arg("step"), py::arg("skipped"), py::arg("block"),
+        py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("threads"),
+        py::arg("stream"),
+        "One fused optimizer step over tensors, a list of (param, grad, state1, state2, absmax1, "
+        "absmax2) with None for the states not kept, updated in place "
+        "(kernels/include/lowbit/kernels/optim.hpp).");
+}
+
 } // namespace lowbit::python
