@@ -15,7 +15,9 @@ are in docs/rounding.md. :func:`quantize`, :func:`quantize_delayed` and :func:`q
 scale before they round (docs/techniques/quantization.md). :func:`quantize_blockwise` stores
 tensors as 8-bit indices into a 256-entry :class:`Codebook` per block (the 8-bit optimizers'
 state format; docs/techniques/blockwise.md) and :func:`estimate_quantiles` gives SRAM-quantiles
-for quantile codebooks.
+for quantile codebooks. :func:`scaled_matmul` multiplies int8 codes, fp8 codes or 16-bit values
+with the dequantization and bias fused into its epilogue (docs/techniques/gemm.md); the PyTorch
+layers over it are in lowbit.nn (which imports torch).
 
 Arrays are numpy arrays or DLPack producers (PyTorch CPU/CUDA tensors, CuPy, JAX), read without
 copies; results come back in the caller's array type, CUDA work runs on the caller's current
@@ -33,6 +35,7 @@ from lowbit._blockwise import (
 )
 from lowbit._core import Format
 from lowbit._fake import fake_quantize
+from lowbit._gemm import scaled_matmul
 from lowbit._quantize import (
     Granularity,
     TargetInfo,
@@ -74,6 +77,7 @@ __all__ = [
     "quantize_delayed",
     "quantize_mx",
     "roundings",
+    "scaled_matmul",
     "target_info",
     "verify",
     "__version__",

@@ -178,6 +178,25 @@ def dequantize_mx(
     threads: int,
     stream: int,
 ) -> _Array: ...
+
+# ---- the scaled matmul (python/src/gemm.cpp) ----
+
+def scaled_matmul(
+    a: _Array,
+    b: _Array,
+    a_fmt: _FormatLike,
+    b_fmt: _FormatLike,
+    a_scales: Optional[_Array],
+    b_scales: Optional[_Array],
+    bias: Optional[_Array],
+    out_dtype: Optional[str],
+    out: Optional[_Array],
+    backend: str,
+    empty: _Empty,
+    threads: int,
+    stream: int,
+) -> _Array: ...
+
 def _describe(obj: _Array, name: str = "x", writable: bool = False) -> dict[str, Any]: ...
 def cuda_available() -> bool: ...
 def cuda_built() -> bool: ...

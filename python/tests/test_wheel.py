@@ -29,8 +29,9 @@ pytestmark = pytest.mark.skipif(not WHEEL, reason="LOWBIT_WHEEL is not set (scri
 def package_sources() -> dict[str, bytes]:
     """What the wheel takes from the source tree: the package's .py and .pyi files and py.typed
     (as python/CMakeLists.txt links them into the build tree)."""
-    files = [*SOURCE.glob("*.py"), *SOURCE.glob("*.pyi"), SOURCE / "py.typed"]
-    return {f"lowbit/{f.name}": f.read_bytes() for f in files}
+    files = [*SOURCE.rglob("*.py"), *SOURCE.rglob("*.pyi"), SOURCE / "py.typed"]
+    return {f"lowbit/{f.relative_to(SOURCE).as_posix()}": f.read_bytes() for f in files
+            if "__pycache__" not in f.parts}
 
 
 def record_hash(data: bytes) -> str:
