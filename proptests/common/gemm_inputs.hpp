@@ -113,11 +113,16 @@ inline rc::Gen<std::uint32_t> element_codes(const emu::target& t, bool specials)
   return half_codes(t.fmt, half_emin(t.fmt), half_emax(t.fmt));
 }
 
-// Only the extremes of a format (or of int8): the smallest subnormal, the largest value, the
-// smallest normal, with random signs, so that one sum spans every exponent there is.
+// Only the extremes of a format: the smallest subnormal, the largest value, the smallest normal,
+// with random signs, so that one sum spans every exponent there is (int8: +-1, +-2, +-127 and,
+// full range, -128).
 inline rc::Gen<std::uint32_t> extreme_codes(const emu::target& t) {
-  if (t.is_int)
-    return rc::gen::element<std::uint32_t>(0x01u, 0x7Fu, 0xFFu, 0x81u, 0x02u, 0xFEu);
+  if (t.is_int) {
+    std::vector<std::uint32_t> ints = {0x01u, 0x7Fu, 0xFFu, 0x81u, 0x02u, 0xFEu};
+    if (!t.ifmt.symmetric)
+      ints.push_back(0x80u); // -128, the one code without a negation
+    return rc::gen::elementOf(ints);
+  }
   const emu::format f = t.fmt;
   std::vector<std::uint32_t> edges;
   if (f.bits() == 8) {
