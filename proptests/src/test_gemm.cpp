@@ -892,6 +892,26 @@ TEST(gemm_reference, reference_on_values_known_by_hand) {
                lowbit::error);
 }
 
+// Inconsistent operands are refused with lowbit::error, never read out of bounds.
+TEST(gemm_reference, reference_refuses_inconsistent_operands) {
+  const ref::code_matrix a{ref::gemm_elem::e4m3fn, 2, 2, {0x38u, 0x38u, 0x38u, 0x38u}, {}};
+  const ref::code_matrix b{ref::gemm_elem::e5m2, 1, 2, {0x3Cu, 0x3Cu}, {}};
+  const auto out = ref::gemm_out::float32;
+  EXPECT_NO_THROW(ref::exact_scaled_matmul(a, b, {}, out));
+  ref::code_matrix three_scales = a;
+  three_scales.scales = {1.0f, 1.0f, 1.0f}; // 0, 1 or rows (2) allowed
+  EXPECT_THROW(ref::exact_scaled_matmul(three_scales, b, {}, out), lowbit::error);
+  ref::code_matrix short_codes = a;
+  short_codes.codes.pop_back();
+  EXPECT_THROW(ref::exact_scaled_matmul(short_codes, b, {}, out), lowbit::error);
+  EXPECT_THROW(ref::exact_scaled_matmul(a, b, {1.0f, 2.0f}, out), lowbit::error); // N = 1
+  const ref::float_matrix g{1, 3, {1.0f, 2.0f, 3.0f}}, w{2, 2, {1.0f, 2.0f, 3.0f, 4.0f}};
+  EXPECT_THROW(ref::switchback_input_grad(g, w, ref::switchback_variant::int8, out),
+               lowbit::error); // G has 3 columns, W 2 rows
+  EXPECT_THROW(ref::switchback_forward(g, w, {}, ref::switchback_variant::fp8, out),
+               lowbit::error); // X has K = 3, W has K = 2
+}
+
 // The exact chain's pieces: q* = 127 / amax per row, codes the exact roundings, d* = 1 / q*.
 TEST(gemm_reference, chain_quantizes_exactly) {
   const ref::float_matrix x{2, 3, {1.0f, -0.5f, 0.25f, 0.0f, 0.0f, 0.0f}};
