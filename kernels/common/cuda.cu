@@ -42,6 +42,9 @@ int max_shared_per_sm() {
   return cached_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
 }
 
+// The least the pool keeps mapped between calls.
+constexpr std::uint64_t min_keep = std::uint64_t{256} << 20;
+
 cudaMemPool_t scratch_pool() {
   static std::mutex mu;
   static std::vector<cudaMemPool_t> pools; // per device; never destroyed (process lifetime)
@@ -62,11 +65,21 @@ cudaMemPool_t scratch_pool() {
       props.location.type = cudaMemLocationTypeDevice;
       props.location.id = dev;
       LOWBIT_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-      std::uint64_t keep = std::uint64_t{256} << 20;
+      std::uint64_t keep = min_keep;
       LOWBIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     }
   }
   return pool;
+}
+
+void note_scratch_use(cudaMemPool_t pool) {
+  // Two threads may race here; each sets a threshold it has seen in use, and a lower one
+  // written last is raised again by the next large call.
+  std::uint64_t used = 0, keep = 0;
+  LOWBIT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &used));
+  LOWBIT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  if (used > keep)
+    LOWBIT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &used));
 }
 
 void require_device_memory(const tensor_view& v, const char* arg) {

@@ -29,16 +29,26 @@ inline cudaStream_t stream_of(const exec& ex) {
 }
 
 // The stream-ordered memory pool of lowbit's scratch memory on the current device: lowbit's own
-// pool, which keeps up to 256 MiB mapped between calls (the default pool returns its memory at
-// every synchronization, so the next call would map it again); the device's default pool where
-// pools cannot be created.
+// pool, which keeps memory mapped between calls (the default pool returns its memory at every
+// synchronization, so the next call would map it again); the device's default pool where pools
+// cannot be created. What it keeps: at least 256 MiB, raised by scratch to the most scratch that
+// has been in use at once (see note_scratch_use), so that a workload repeating the same large
+// calls (a 65536 x 5120 float32 accumulator is 1.3 GB) maps its memory once, not every call.
 cudaMemPool_t scratch_pool();
+
+// Raises the pool's release threshold to the bytes it has in use now, when that is more than it
+// keeps already. Mapping and unmapping a gigabyte costs more than the matmul it serves; the
+// memory stays reserved by lowbit until the process ends (it is never more than the largest
+// working set of one call, or of concurrent calls on several streams).
+void note_scratch_use(cudaMemPool_t pool);
 
 // Stream-ordered scratch memory for the duration of one host call.
 class scratch {
 public:
   scratch(std::size_t bytes, cudaStream_t s) : stream_(s) {
-    LOWBIT_CUDA_CHECK(cudaMallocFromPoolAsync(&p_, bytes < 4 ? 4 : bytes, scratch_pool(), s));
+    cudaMemPool_t pool = scratch_pool();
+    LOWBIT_CUDA_CHECK(cudaMallocFromPoolAsync(&p_, bytes < 4 ? 4 : bytes, pool, s));
+    note_scratch_use(pool);
   }
   ~scratch() { cudaFreeAsync(p_, stream_); }
   scratch(const scratch&) = delete;
