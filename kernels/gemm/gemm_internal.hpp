@@ -157,8 +157,9 @@ bool cutlass_sm90_available(const gemm_problem& p);
 void cutlass_sm90_matmul(const gemm_problem& p, const exec& ex);
 
 // The unfused epilogue (gemm.cu): acc is an (M x N) int32 (acc_is_int) or float32 matrix in
-// device memory with row stride acc_ld; one kernel applies gemm_finish to every element. The
-// cuBLASLt paths that cannot fuse the rule's epilogue end with it.
+// device memory with row stride acc_ld; one kernel applies gemm_finish's arithmetic to every
+// element, reading acc in 16-byte loads, so acc must be 16-byte aligned and acc_ld a multiple of 4.
+// The cuBLASLt paths that cannot fuse the rule's epilogue end with it.
 void finish_matmul(const gemm_problem& p, const void* acc, bool acc_is_int, std::int64_t acc_ld,
                    const exec& ex);
 
