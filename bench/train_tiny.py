@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"meta": meta, "results": results}, f)
     plot(results, os.path.join(a.out, "train_tiny.png"),
          f"TinyViT ({a.depth}x{a.width}) on synthetic images, {a.steps} steps, {meta['device']}")
-    if "bf16" in results:
-        base = results["bf16"]["final"]
+    if "nn_linear" in results:
+        base = results["nn_linear"]["final"]
         for name, r in results.items():
-            print(f"{name:28s} final/bf16 = {r['final'] / base:.4f}")
+            print(f"{name:28s} final/nn_linear = {r['final'] / base:.4f}")
     return 0
 
 

@@ -698,12 +698,76 @@ def blockwise_section(ctx: Context) -> SectionResult:
     return SectionResult(rows=rows, text=text, points=points, notes=notes)
 
 
+# ---- section: low-precision linear layers ------------------------------------------------------
+
+
+def linear_section(ctx: Context) -> SectionResult:
+    """SwitchBack's linear layers (lowbit.nn) on the CPU: the forward output's and the input
+    gradient's error against float64 matmuls, forward + backward time against nn.Linear, and the
+    small-model training comparison (lowbit._tiny). Measures nothing without PyTorch."""
+    from lowbit import _report_linear as rl
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        note = "skipped: PyTorch is not installed (pip install torch), which lowbit.nn needs"
+        return SectionResult(rows=[], text=f"note: {note}", notes=[note])
+    wls = [(w.name, w.values) for w in ctx.workloads
+           if w.values.size >= rl.TOKENS * rl.FAN_IN]
+    m = rl.measure(wls, ctx.threads, ctx.quick, ctx.progress)
+    rows = [{"kind": "layer", **r} for r in m["rows"]]
+    columns = [
+        Column("workload", lambda r: r["workload"], left=True),
+        Column("layer", lambda r: r["layer"], left=True),
+        Column("forward rel err", lambda r: _sci(r["forward_rel_err"])),
+        Column("dX rel err", lambda r: _sci(r["dx_rel_err"])),
+        Column("CPU ms", lambda r: "-" if r["cpu_ms"] is None else f"{r['cpu_ms']:.1f}"),
+        Column("nn.Linear/this", lambda r: _ratio(r["vs_nn_linear"])),
+    ]
+    train = m["train"]
+    base = train["nn_linear"]["final"]
+    train_rows = [{"kind": "training", "config": k, "final_loss": v["final"],
+                   "vs_nn_linear": v["final"] / base,
+                   "s_per_step": v["s_per_step"]} for k, v in train.items()]
+    train_columns = [
+        Column("configuration", lambda r: r["config"], left=True),
+        Column("final loss", lambda r: f"{r['final_loss']:.4f}"),
+        Column("vs nn.Linear", lambda r: f"{r['vs_nn_linear']:.4f}"),
+        Column("s/step", lambda r: f"{r['s_per_step']:.3f}"),
+    ]
+    notes = [
+        f"layers {rl.FAN_IN} -> {rl.FAN_OUT} on {rl.TOKENS} tokens (the first "
+        f"{rl.TOKENS * rl.FAN_IN} values of each workload), W Gaussian / sqrt({rl.FAN_IN}), "
+        "G Gaussian: the relative Frobenius error of the output and of dX against float64 "
+        "matmuls of the unquantized tensors; nn.Linear bf16 is the same layer in bfloat16",
+        f"CPU ms: median forward + backward of float32 layers (the CPU twins), the "
+        f"{wls[0][0]} row of each layer; nn.Linear float32 took {m['nn_linear_cpu_ms']:.1f} ms",
+        f"training: lowbit._tiny's ViT ({rl.TRAIN_DEPTH} blocks, width {rl.TRAIN_WIDTH}) on its "
+        f"synthetic images, {m['train_steps']} steps of batch {rl.TRAIN_BATCH} on the CPU in "
+        f"float32 (AdamW, lr {rl.TRAIN_LR}); nn_linear is the model as it is; final loss = mean of "
+        "the last 20 steps",
+    ]
+
+    def draw(fig: Any) -> None:
+        from lowbit._tiny import draw_losses
+
+        draw_losses(fig.add_subplot(1, 1, 1), train,
+                    f"training comparison on the CPU ({m['train_steps']} steps)")
+
+    text = "\n".join([f"note: {note}" for note in notes] + [""] + render_table(columns, rows)
+                     + [""] + render_table(train_columns, train_rows))
+    return SectionResult(rows=rows + train_rows, text=text, notes=notes,
+                         plots=[Plot("linear_training.png", draw, (7.0, 4.0))])
+
+
 SECTIONS: list[Section] = [
     Section("casts", "Per-tensor scaled casts: error of every format and rounding mode",
             casts_section),
     Section("throughput", "CPU cast throughput", throughput_section),
     Section("blockwise", "Block-wise codebook quantization (dynamic map): error and CPU "
             "throughput", blockwise_section),
+    Section("linear", "Low-precision linear layers (SwitchBack): error, CPU time, training",
+            linear_section),
 ]
 
 
