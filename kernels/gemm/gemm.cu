@@ -76,37 +76,37 @@ __global__ void __launch_bounds__(simt_threads)
 // The unfused epilogue: acc's rows are 16-byte aligned (acc_ld a multiple of 4, the scratch
 // 256-byte aligned), so a thread reads four sums in one 16-byte load, and where out's rows allow
 // (wide_out: out aligned to four elements, its stride a multiple of 4) writes the four results in
-// one 8- or 16-byte store. Rows run along y and column quads along x: no 64-bit division per
-// element, and a warp's loads and stores are contiguous. The arithmetic is gemm_finish's.
+// one 8- or 16-byte store. One grid-stride loop over all (row, quad) pairs keeps every thread
+// busy whatever N is (one division per four outputs), and a warp's loads and stores are
+// contiguous. The arithmetic is gemm_finish's.
 template <bool Int, class Out>
 __global__ void finish_kernel(const gemm_problem p, const void* __restrict__ acc,
                               std::int64_t acc_ld, bool wide_out) {
   using acc_t = std::conditional_t<Int, std::int32_t, float>;
-  const std::int64_t quads = (p.n + 3) / 4;
-  for (std::int64_t m = blockIdx.y; m < p.m; m += gridDim.y) {
+  const std::int64_t quads = (p.n + 3) / 4, total = p.m * quads;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t m = i / quads, q = i - m * quads;
     const auto* row =
         reinterpret_cast<const vec<acc_t, 4>*>(static_cast<const acc_t*>(acc) + m * acc_ld);
     const float sa = gemm_scale(p.a.scales, p.a.mode, m);
     Out* out = static_cast<Out*>(p.out) + m * p.out_stride;
-    for (std::int64_t q = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; q < quads;
-         q += std::int64_t{gridDim.x} * blockDim.x) {
-      const vec<acc_t, 4> v = row[q];
-      const std::int64_t n0 = q * 4;
-      vec<Out, 4> w;
+    const vec<acc_t, 4> v = row[q];
+    const std::int64_t n0 = q * 4;
+    vec<Out, 4> w;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const std::int64_t n = n0 + j < p.n ? n0 + j : p.n - 1; // past the end: not stored
-        const float r =
-            gemm_epilogue(static_cast<float>(v.v[j]), sa, gemm_scale(p.b.scales, p.b.mode, n),
-                          gemm_bias(p.bias, p.bias_type, n));
-        gemm_store(w.v, p.out_type, j, r);
-      }
-      if (wide_out && n0 + 4 <= p.n) {
-        *reinterpret_cast<vec<Out, 4>*>(out + n0) = w;
-      } else {
-        for (int j = 0; j < 4 && n0 + j < p.n; ++j)
-          out[n0 + j] = w.v[j];
-      }
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t n = n0 + j < p.n ? n0 + j : p.n - 1; // past the end: not stored
+      const float r =
+          gemm_epilogue(static_cast<float>(v.v[j]), sa, gemm_scale(p.b.scales, p.b.mode, n),
+                        gemm_bias(p.bias, p.bias_type, n));
+      gemm_store(w.v, p.out_type, j, r);
+    }
+    if (wide_out && n0 + 4 <= p.n) {
+      *reinterpret_cast<vec<Out, 4>*>(out + n0) = w;
+    } else {
+      for (int j = 0; j < 4 && n0 + j < p.n; ++j)
+        out[n0 + j] = w.v[j];
     }
   }
 }
@@ -114,7 +114,7 @@ __global__ void finish_kernel(const gemm_problem p, const void* __restrict__ acc
 template <bool Int>
 void launch_finish(const gemm_problem& p, const void* acc, std::int64_t acc_ld, cudaStream_t s) {
   constexpr int threads = 256;
-  const dim3 grid = grid_2d_for((p.n + 3) / 4, p.m, threads);
+  const unsigned grid = grid_for(p.m * ((p.n + 3) / 4), threads);
   const std::size_t osize = dtype_size(p.out_type);
   const bool wide_out = aligned_to<float>(p.out, 4 * osize) && (p.m <= 1 || p.out_stride % 4 == 0);
   if (osize == 2)
@@ -128,7 +128,8 @@ void launch_finish(const gemm_problem& p, const void* acc, std::int64_t acc_ld, 
 // zero. Every e4m3fn and e5m2 value (NaN and Inf included) is a bfloat16 and a float16 value.
 // ld is a multiple of 8: a thread writes eight values in one 16-byte store, reading the eight
 // codes in one 8-byte load where the source row allows it; the values come from a 256-entry
-// table in shared memory, built once per block. Rows run along y, groups of 8 along x.
+// table in shared memory, built once per block. One grid-stride loop over all (row, group)
+// pairs keeps every thread busy whatever K is (one division per eight values).
 constexpr int widen_threads = 256;
 __global__ void __launch_bounds__(widen_threads)
     widen_kernel(const std::uint8_t* __restrict__ src, std::int64_t src_stride, gemm_elem from,
@@ -147,25 +148,25 @@ __global__ void __launch_bounds__(widen_threads)
   using in8 = vec<std::uint8_t, 8>;
   const std::int64_t groups = ld / 8;
   const bool wide_reads = reinterpret_cast<std::uintptr_t>(src) % 8 == 0 && src_stride % 8 == 0;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+  const std::int64_t total = rows * groups;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r = i / groups, g = i - r * groups;
     const std::uint8_t* row = src + r * src_stride;
     out8* out = reinterpret_cast<out8*>(dst + r * ld);
-    for (std::int64_t g = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; g < groups;
-         g += std::int64_t{gridDim.x} * blockDim.x) {
-      const std::int64_t c0 = g * 8;
-      out8 w;
-      if (wide_reads && c0 + 8 <= k) {
-        const in8 codes = reinterpret_cast<const in8*>(row)[g];
+    const std::int64_t c0 = g * 8;
+    out8 w;
+    if (wide_reads && c0 + 8 <= k) {
+      const in8 codes = reinterpret_cast<const in8*>(row)[g];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          w.v[j] = table[codes.v[j]];
-      } else {
+      for (int j = 0; j < 8; ++j)
+        w.v[j] = table[codes.v[j]];
+    } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          w.v[j] = c0 + j < k ? table[row[c0 + j]] : std::uint16_t{0};
-      }
-      out[g] = w;
+      for (int j = 0; j < 8; ++j)
+        w.v[j] = c0 + j < k ? table[row[c0 + j]] : std::uint16_t{0};
     }
+    out[g] = w;
   }
 }
 
@@ -224,11 +225,11 @@ void widened_matmul(const gemm_problem& p, const exec& ex) {
   const cudaStream_t s = stream_of(ex);
   scratch wa(static_cast<std::size_t>(p.m * ld) * 2, s),
       wb(static_cast<std::size_t>(p.n * ld) * 2, s);
-  widen_kernel<<<grid_2d_for(ld / 8, p.m, widen_threads), widen_threads, 0, s>>>(
+  widen_kernel<<<grid_for(p.m * (ld / 8), widen_threads), widen_threads, 0, s>>>(
       static_cast<const std::uint8_t*>(p.a.codes), p.a.row_stride, p.a.elem, p.m, p.k, ld, to_bf16,
       wa.as<std::uint16_t>());
   check_launch("widen_kernel");
-  widen_kernel<<<grid_2d_for(ld / 8, p.n, widen_threads), widen_threads, 0, s>>>(
+  widen_kernel<<<grid_for(p.n * (ld / 8), widen_threads), widen_threads, 0, s>>>(
       static_cast<const std::uint8_t*>(p.b.codes), p.b.row_stride, p.b.elem, p.n, p.k, ld, to_bf16,
       wb.as<std::uint16_t>());
   check_launch("widen_kernel");
