@@ -8,9 +8,13 @@
 //           fused into cuBLASLt's epilogue where it takes them; else float32 sums into scratch
 //           and the unfused epilogue.
 // The algorithm is the heuristic's first for the descriptors, among those without split-K (one
-// sequence per dot product, no workspace reduction), so results are the same run to run.
+// sequence per dot product, no workspace reduction), so results are the same run to run; it is
+// asked once per device, descriptor set and alignment, and kept.
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "../common/blas.hpp"
@@ -115,6 +119,36 @@ struct fused {
   cudaDataType_t bias_type = CUDA_R_16BF;
 };
 
+// The heuristic's answer depends only on the device, the descriptors and the alignment hints;
+// asking it costs tens of microseconds of host time per call, a noticeable part of a
+// sub-millisecond matmul, so its first answer for each combination is kept (the same answer it
+// would give again: the choice stays deterministic). The cache holds at most max_cached
+// combinations; past that, new ones are asked each time.
+using algo_key = std::array<std::int64_t, 18>;
+constexpr std::size_t max_cached = 4096;
+
+std::mutex& algo_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<algo_key, cublasLtMatmulHeuristicResult_t>& algo_cache() {
+  static std::map<algo_key, cublasLtMatmulHeuristicResult_t> cache;
+  return cache;
+}
+bool cached_algo(const algo_key& key, cublasLtMatmulHeuristicResult_t& out) {
+  std::lock_guard<std::mutex> lock(algo_mutex());
+  const auto it = algo_cache().find(key);
+  if (it == algo_cache().end())
+    return false;
+  out = it->second;
+  return true;
+}
+void remember_algo(const algo_key& key, const cublasLtMatmulHeuristicResult_t& r) {
+  std::lock_guard<std::mutex> lock(algo_mutex());
+  if (algo_cache().size() < max_cached)
+    algo_cache().emplace(key, r);
+}
+
 // D (column-major N x M, ld ldd, type dt) = op over p's operands; false when the heuristic has no
 // algorithm for these descriptors (nothing launched then).
 bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t dt,
@@ -139,19 +173,43 @@ bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t 
       desc.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(f->bias_type));
     }
   }
-  layout la(cuda_type(p.b.elem), p.k, p.n, ld_of(p.b, p.k));
-  layout lb(cuda_type(p.a.elem), p.k, p.m, ld_of(p.a, p.k));
+  const std::int64_t lda = ld_of(p.b, p.k), ldb = ld_of(p.a, p.k);
+  layout la(cuda_type(p.b.elem), p.k, p.n, lda);
+  layout lb(cuda_type(p.a.elem), p.k, p.m, ldb);
   layout lc(dt, p.n, p.m, ldd);
-  const std::size_t ws_bytes = blas::workspace_bytes();
-  preference pref(ws_bytes, p.b.codes, p.a.codes, d); // cuBLASLt's A is our B
   cublasLtHandle_t h = blas::handle();
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  const algo_key key = {
+      dev,
+      static_cast<std::int64_t>(ct),
+      static_cast<std::int64_t>(cuda_type(p.b.elem)),
+      static_cast<std::int64_t>(cuda_type(p.a.elem)),
+      static_cast<std::int64_t>(dt),
+      f == nullptr ? -1 : std::int64_t{f->outer},
+      f != nullptr && f->scale_a != nullptr,
+      f != nullptr && f->scale_b != nullptr,
+      f == nullptr || f->bias == nullptr ? -1 : static_cast<std::int64_t>(f->bias_type),
+      p.m,
+      p.n,
+      p.k,
+      lda,
+      ldb,
+      ldd,
+      alignment_of(p.b.codes),
+      alignment_of(p.a.codes),
+      alignment_of(d)};
   cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(h, desc.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
-    return false;
-  check(st, "cublasLtMatmulAlgoGetHeuristic");
+  if (!cached_algo(key, result)) {
+    preference pref(blas::workspace_bytes(), p.b.codes, p.a.codes, d); // cuBLASLt's A is our B
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc.d, la.l, lb.l, lc.l, lc.l,
+                                                             pref.p, 1, &result, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+      return false;
+    check(st, "cublasLtMatmulAlgoGetHeuristic");
+    remember_algo(key, result);
+  }
   const cudaStream_t s = stream_of(ex);
   scratch ws(result.workspaceSize > 0 ? result.workspaceSize : 4, s);
   const std::int32_t ione = 1, izero = 0;
