@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, dict[str, Any] | None]] = [
 ]
 TOKENS, FAN_IN, FAN_OUT = 512, 256, 256
 TRAIN_WIDTH, TRAIN_DEPTH, TRAIN_BATCH, TRAIN_LR = 64, 2, 32, 3e-3
-TRAIN_STEPS, TRAIN_STEPS_QUICK = 60, 20
+TRAIN_STEPS = 60
 TRAIN_CONFIGS = ("nn_linear", "switchback_int8", "switchback_fp8", "tensorwise_fp8")
 
 
@@ -44,7 +44,7 @@ def _median_ms(fn: Callable[[], Any], runs: int) -> float:
 
 
 def measure(workloads: list[tuple[str, np.ndarray]], threads: int, quick: bool,
-            progress: Callable[[str], None]) -> dict[str, Any]:
+            training: bool, progress: Callable[[str], None]) -> dict[str, Any]:
     """Rows of layer errors and CPU times, and the training comparison's results."""
     import torch
     from torch import nn
@@ -60,7 +60,8 @@ def measure(workloads: list[tuple[str, np.ndarray]], threads: int, quick: bool,
     grad = torch.randn(TOKENS, FAN_OUT, generator=g)
     rows: list[dict[str, Any]] = []
     for wl_name, values in workloads:
-        x = torch.from_numpy(np.ascontiguousarray(values[:TOKENS * FAN_IN], dtype=np.float32))
+        x = np.resize(values, TOKENS * FAN_IN).astype(np.float32)
+        x = torch.from_numpy(x)
         x = x.reshape(TOKENS, FAN_IN)
         x64, w64, g64 = x.double(), w.double(), grad.double()
         y_exact = (x64 @ w64.T + b.double()).numpy()
@@ -100,10 +101,10 @@ def measure(workloads: list[tuple[str, np.ndarray]], threads: int, quick: bool,
             if row["layer"] == label and row["workload"] == workloads[0][0]:
                 row.update(cpu_ms=t, vs_nn_linear=t_base / t)
     progress("  linear layers timed on the CPU")
-    steps = TRAIN_STEPS_QUICK if quick else TRAIN_STEPS
-    configs = TRAIN_CONFIGS[:2] if quick else TRAIN_CONFIGS
-    train = {name: _tiny.train(name, steps, TRAIN_BATCH, "cpu", 0, width=TRAIN_WIDTH,
-                               depth=TRAIN_DEPTH, heads=2, lr=TRAIN_LR)
-             for name in configs}
-    progress(f"  training comparison ({steps} steps on the CPU) done")
-    return {"rows": rows, "nn_linear_cpu_ms": t_base, "train": train, "train_steps": steps}
+    train: dict[str, Any] = {}
+    if training:
+        train = {name: _tiny.train(name, TRAIN_STEPS, TRAIN_BATCH, "cpu", 0, width=TRAIN_WIDTH,
+                                   depth=TRAIN_DEPTH, heads=2, lr=TRAIN_LR)
+                 for name in TRAIN_CONFIGS}
+        progress(f"  training comparison ({TRAIN_STEPS} steps on the CPU) done")
+    return {"rows": rows, "nn_linear_cpu_ms": t_base, "train": train, "train_steps": TRAIN_STEPS}

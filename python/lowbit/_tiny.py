@@ -4,7 +4,7 @@ with the same seed, data and schedule for every configuration, so that the loss 
 by the layers' numerics. Needs PyTorch (imported by this module; `import lowbit` does not).
 
 The data: 10 classes, each a fixed random 32x32x3 template; a sample is its class's template,
-shifted by up to 4 pixels, scaled by a random amplitude, plus Gaussian noise. The model: patches
+shifted by up to 2 pixels, scaled by a random amplitude, plus Gaussian noise. The model: patches
 of 4x4, `width`, `depth` blocks of `heads` heads, MLP ratio 4, a linear head. The attention and
 MLP projections (inside blocks.*) are the nn.Linear modules that a configuration converts; the
 patch embedding and the head stay as they are, as the SwitchBack paper keeps them.
@@ -75,10 +75,10 @@ def make_data(steps: int, batch: int, seed: int, device: str):
     templates = torch.randn(10, 3, 32, 32, generator=g)
     for _ in range(steps):
         y = torch.randint(0, 10, (batch,), generator=g)
-        shift = torch.randint(-4, 5, (2,), generator=g).tolist()
+        shift = torch.randint(-2, 3, (2,), generator=g).tolist()
         amp = torch.rand(batch, 1, 1, 1, generator=g) * 1.5 + 0.25
         x = torch.roll(templates[y], shifts=shift, dims=(2, 3)) * amp
-        x = x + torch.randn(x.shape, generator=g) * 1.5
+        x = x + torch.randn(x.shape, generator=g)
         yield x.to(device), y.to(device)
 
 

@@ -329,7 +329,8 @@ def _run_report(args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         report.run_report(report.Options(out=args.out, quick=args.quick, threads=args.threads,
-                                         size=args.size, json=args.json), out)
+                                         size=args.size, json=args.json,
+                                         training=not args.no_training), out)
     except report.OutputError as e:
         raise CliError(str(e)) from e
     return 0
@@ -359,6 +360,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
                    help="values per workload (default 2^22, 2^18 with --quick)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="where to write the JSON report (default: DIR/report.json)")
+    p.add_argument("--no-training", action="store_true",
+                   help="leave out the small-model training comparisons (minutes on a CPU; "
+                        "--quick leaves them out too)")
     p.set_defaults(run=_run_report)
 
 
