@@ -1,13 +1,12 @@
 // The CUTLASS backend of the scaled matmul: CUTLASS 3 kernels for sm_90 (TMA loads, WGMMA,
-// warp-specialized persistent schedules) whose epilogue visitor tree computes the
-// rule of gemm.hpp in registers, so the dequantization and the bias cost no pass over the output:
+// warp-specialized persistent schedules) whose epilogue visitor tree computes the rule of
+// gemm.hpp in registers, so the dequantization and the bias cost no pass over the output:
 //   D[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n])
 // Each node of the tree is one float32 operation rounded to nearest (the build has no FMA
 // contraction), in the rule's order, so int8 results equal the CPU twin's bit for bit.
 // Built for sm_90a only (cmake/cutlass.cmake): WGMMA and TMA exist in that target alone.
 #if !defined(LOWBIT_WITH_CUTLASS_SM90)
-#error                                                                                             \
-    "gemm_cutlass_sm90.cu is built by cmake/cutlass.cmake, which defines LOWBIT_WITH_CUTLASS_SM90"
+#error "build this file through cmake/cutlass.cmake (it defines LOWBIT_WITH_CUTLASS_SM90)"
 #endif
 
 #include <cuda_bf16.h>
