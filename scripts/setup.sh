@@ -34,12 +34,16 @@ fi
 # pip runs only when the pinned list changed since the last run with this interpreter.
 requirements="$lowbit_root/scripts/requirements-$profile.txt"
 stamp_dir="$lowbit_root/build/setup"
-key=$(cat "$requirements" "$lowbit_root/scripts/requirements-report.txt" | sha256sum | cut -c1-16)
+headers="$lowbit_root/scripts/requirements-headers.txt"
+key=$(cat "$requirements" "$lowbit_root/scripts/requirements-report.txt" "$headers" | sha256sum |
+  cut -c1-16)
 stamp="$stamp_dir/$(echo "$python" | sha256sum | cut -c1-16)-$profile"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$key" ]; then
   echo "setup: installing the Python packages of scripts/requirements-$profile.txt into $python" >&2
   "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
     -r "$requirements"
+  "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps \
+    -r "$headers"
   mkdir -p "$stamp_dir"
   echo "$key" > "$stamp"
 fi
