@@ -1,0 +1,29 @@
+"""lowbit.optim: torch.optim.Optimizer subclasses over lowbit's fused optimizer steps, with
+32-bit or 8-bit block-wise states (Dettmers et al., ICLR 2022) and StableAdamW (Wortsman et al.,
+NeurIPS 2023). Importing it imports torch. docs/techniques/optimizers.md has the equations, the
+state layout, the bounds and what is not done yet."""
+
+from lowbit.optim._base import LowbitOptimizer, override
+from lowbit.optim._optimizers import (
+    SGD,
+    Adagrad,
+    Adagrad8bit,
+    Adam,
+    Adam8bit,
+    AdamW,
+    AdamW8bit,
+    Lion,
+    Lion8bit,
+    RMSprop,
+    RMSprop8bit,
+    SGD8bit,
+    StableAdamW,
+    StableAdamW8bit,
+)
+
+__all__ = [
+    "LowbitOptimizer", "override",
+    "Adam", "AdamW", "StableAdamW", "SGD", "Lion", "RMSprop", "Adagrad",
+    "Adam8bit", "AdamW8bit", "StableAdamW8bit", "SGD8bit", "Lion8bit", "RMSprop8bit",
+    "Adagrad8bit",
+]

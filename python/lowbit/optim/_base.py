@@ -1,0 +1,271 @@
+"""The torch.optim layer over lowbit's fused optimizer steps (kernels/optim).
+
+Every optimizer here is a :class:`torch.optim.Optimizer` whose ``step`` hands each param group's
+tensors to one multi-tensor call of ``lowbit._core.optimizer_step``: the CPU twin for CPU
+tensors, the CUDA kernel on the current stream for CUDA tensors. States are ordinary tensors in
+``self.state[p]`` under torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``,
+``square_avg``, ``sum``): float32 for 32-bit states; for 8-bit states uint8 codes of the
+parameter's shape plus float32 ``<name>_absmax`` (one per block), quantized with the dynamic tree
+map (signed for first moments, unsigned for second moments). The equations, the state layout and
+the rule for NaN/Inf gradients are in docs/techniques/optimizers.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from lowbit import _core
+from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
+
+__all__ = ["LowbitOptimizer", "override"]
+
+_OVERRIDE_ATTR = "_lowbit_optim"
+
+
+def override(param: torch.Tensor, **config: Any) -> torch.Tensor:
+    """Per-parameter settings that win over the param group's: ``bits`` (8 or 32) and
+    ``min_8bit_size``. ``lowbit.optim.override(model.emb.weight, bits=32)`` keeps an embedding's
+    states in 32 bits (as :class:`lowbit.nn.StableEmbedding` does for its weight). Returns the
+    parameter."""
+    allowed = {"bits", "min_8bit_size"}
+    unknown = set(config) - allowed
+    if unknown:
+        raise TypeError(f"override: unknown setting(s) {sorted(unknown)}; expected bits, "
+                        "min_8bit_size")
+    if "bits" in config and config["bits"] not in (8, 32):
+        raise ValueError(f"override: bits={config['bits']!r}; expected 8 or 32")
+    current = dict(getattr(param, _OVERRIDE_ATTR, {}))
+    current.update(config)
+    setattr(param, _OVERRIDE_ATTR, current)
+    return param
+
+
+_codebooks: dict[bool, tuple[Codebook, int]] = {}
+
+
+def _codebook(signed: bool) -> tuple[Codebook, int]:
+    """The dynamic tree map and the code of 0 in it (the initial state)."""
+    if signed not in _codebooks:
+        cb = Codebook.dynamic_tree(signed)
+        zero = int((cb.values == 0.0).nonzero()[0][0])
+        _codebooks[signed] = (cb, zero)
+    return _codebooks[signed]
+
+
+class LowbitOptimizer(torch.optim.Optimizer):
+    """Base class: subclasses name the kernel's optimizer, its state names (with the signedness
+    of each) and map their hyper-parameters onto the kernel's."""
+
+    _kernel: str = ""
+    _states: tuple[tuple[str, bool], ...] = ()  # (name, signed map)
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, bits: int,
+                 block_size: int, min_8bit_size: int, stochastic_rounding: bool,
+                 seed: Optional[int]) -> None:
+        if bits not in (8, 32):
+            raise ValueError(f"bits={bits!r}; expected 8 or 32")
+        if block_size not in (256, 2048):
+            raise ValueError(f"block_size={block_size!r}; expected 256 or 2048")
+        if not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+            raise ValueError(f"min_8bit_size={min_8bit_size!r}; expected an int >= 0")
+        if seed is None:
+            seed = int(torch.initial_seed()) & 0xFFFFFFFFFFFFFFFF
+        defaults = dict(defaults, bits=bits, min_8bit_size=min_8bit_size)
+        super().__init__(params, defaults)
+        self.block_size = block_size
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self.seed = int(seed)
+        # The Philox offset of stochastic rounding, advanced by every call (saved in state_dict).
+        self.rng_offset = 0
+        self.skipped_blocks = 0  # blocks left untouched for NaN/Inf, all steps so far
+
+    # ---- the kernel's hyper-parameters (subclasses) ----------------------------------------
+
+    def _hparams(self, group: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _n_states(self, group: dict[str, Any]) -> int:
+        return len(self._states)
+
+    def _initial_value(self, group: dict[str, Any], name: str) -> float:
+        return 0.0
+
+    # ---- states ----------------------------------------------------------------------------
+
+    def _bits_for(self, p: torch.Tensor, group: dict[str, Any]) -> int:
+        cfg = getattr(p, _OVERRIDE_ATTR, {})
+        bits = cfg.get("bits", group["bits"])
+        threshold = cfg.get("min_8bit_size", group["min_8bit_size"])
+        return 8 if bits == 8 and p.numel() >= threshold else 32
+
+    def _blocks(self, p: torch.Tensor) -> int:
+        return (p.numel() + self.block_size - 1) // self.block_size
+
+    def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        st = self.state[p]
+        st["step"] = 0
+        eight = self._bits_for(p, group) == 8
+        for name, signed in self._states[: self._n_states(group)]:
+            init = self._initial_value(group, name)
+            if eight:
+                _, zero = _codebook(signed)
+                st[name] = torch.full(p.shape, zero, dtype=torch.uint8, device=p.device)
+                st[name + "_absmax"] = torch.zeros(self._blocks(p), dtype=torch.float32,
+                                                   device=p.device)
+                if init != 0.0:
+                    self._quantize_into(st, name, signed,
+                                        torch.full(p.shape, init, dtype=torch.float32,
+                                                   device=p.device))
+            else:
+                st[name] = torch.full(p.shape, init, dtype=torch.float32, device=p.device)
+        return st
+
+    def _quantize_into(self, st: dict[str, Any], name: str, signed: bool,
+                       values: torch.Tensor) -> None:
+        cb, _ = _codebook(signed)
+        codes, absmax = quantize_blockwise(values.detach().float().contiguous(), cb,
+                                           self.block_size)
+        st[name] = codes.reshape(values.shape)
+        st[name + "_absmax"] = absmax
+
+    def _dequantized(self, st: dict[str, Any], name: str, signed: bool) -> torch.Tensor:
+        cb, _ = _codebook(signed)
+        codes = st[name]
+        return dequantize_blockwise(codes.contiguous(), st[name + "_absmax"], cb,
+                                    self.block_size).reshape(codes.shape)
+
+    def state_float(self, p: torch.Tensor, name: str) -> torch.Tensor:
+        """A state of p as float32 values (8-bit states dequantized)."""
+        st = self.state[p]
+        signed = dict(self._states)[name]
+        if st[name].dtype == torch.uint8:
+            return self._dequantized(st, name, signed)
+        return st[name]
+
+    # ---- the step --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._step_group(group)
+        return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        hp = self._hparams(group)
+        ns = self._n_states(group)
+        # One call per (device, step): a group's parameters normally share both.
+        buckets: dict[tuple[Any, int], list[tuple[torch.Tensor, ...]]] = {}
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
+                                "supported; expected float32, bfloat16 or float16")
+            st = self.state[p]
+            if len(st) == 0:
+                st = self._init_state(p, group)
+            st["step"] = int(st["step"]) + 1
+            param = p.detach()
+            if not param.is_contiguous():
+                param = param.contiguous()
+                copies.append((p, param))
+            grad = p.grad
+            if grad.dtype != p.dtype:
+                grad = grad.to(p.dtype)
+            grad = grad.contiguous()
+            states: list[Optional[torch.Tensor]] = [None, None, None, None]
+            for k, (name, _) in enumerate(self._states[:ns]):
+                states[k] = st[name]
+                if st[name].dtype == torch.uint8:
+                    states[2 + k] = st[name + "_absmax"]
+            key = (p.device, st["step"])
+            buckets.setdefault(key, []).append((param, grad, *states))
+        for (device, step), tensors in buckets.items():
+            skipped = torch.zeros(len(tensors), dtype=torch.int64, device=device)
+            stream = 0
+            if device.type == "cuda":
+                stream = int(torch.cuda.current_stream(device).cuda_stream)
+            _core.optimizer_step(
+                self._kernel, tensors, hp.get("lr", 0.0), hp.get("beta1", 0.0),
+                hp.get("beta2", 0.0), hp.get("eps", 0.0), hp.get("weight_decay", 0.0),
+                hp.get("momentum", 0.0), hp.get("dampening", 0.0), hp.get("nesterov", False),
+                hp.get("lr_decay", 0.0), hp.get("maximize", False), step, skipped,
+                self.block_size, "stochastic" if self.stochastic_rounding else
+                "nearest_toward_zero", self.seed, self.rng_offset, 0, stream)
+            self.rng_offset += 2 * len(tensors)
+            total = skipped.sum()
+            self.skipped_blocks = self.skipped_blocks + (
+                int(total) if device.type == "cpu" else total)
+        for p, param in copies:
+            p.copy_(param)
+
+    # ---- state_dict ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd["lowbit"] = {"block_size": self.block_size, "seed": self.seed,
+                        "rng_offset": self.rng_offset,
+                        "stochastic_rounding": self.stochastic_rounding,
+                        "skipped_blocks": int(self.skipped_blocks)}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state saved by this optimizer or by its torch.optim counterpart (torch.optim.
+        AdamW, Adam, SGD, RMSprop, Adagrad: float states, quantized here where this optimizer
+        keeps 8-bit states; 8-bit states are dequantized where it keeps 32-bit ones). States keep
+        their saved dtype (torch would cast them to the parameter's)."""
+        extra = state_dict.get("lowbit", {})
+        saved_block = int(extra.get("block_size", self.block_size))
+        sd = {k: v for k, v in state_dict.items() if k != "lowbit"}
+        saved = sd["state"]
+        originals = {k: dict(v) for k, v in saved.items()}
+        super().load_state_dict(sd)
+        for group in self.param_groups:  # a torch optimizer's groups lack lowbit's settings
+            for k, v in self.defaults.items():
+                group.setdefault(k, v)
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in sd["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        owner = {id(p): g for g in self.param_groups for p in g["params"]}
+        for pid, p in zip(saved_ids, params):
+            if pid not in originals:
+                continue
+            self._adopt(p, owner[id(p)], originals[pid], saved_block)
+        if "rng_offset" in extra:
+            self.rng_offset = int(extra["rng_offset"])
+            self.seed = int(extra["seed"])
+        self.skipped_blocks = int(extra.get("skipped_blocks", 0))
+
+    def _adopt(self, p: torch.Tensor, group: dict[str, Any], saved: dict[str, Any],
+               saved_block: int) -> None:
+        st: dict[str, Any] = {}
+        step = saved.get("step", 0)
+        st["step"] = int(step.item()) if isinstance(step, torch.Tensor) else int(step)
+        eight = self._bits_for(p, group) == 8
+        for name, signed in self._states[: self._n_states(group)]:
+            if name not in saved:
+                raise KeyError(f"load_state_dict: the state of a parameter has no '{name}'")
+            value = saved[name].to(device=p.device)
+            if value.dtype == torch.uint8:
+                absmax = saved[name + "_absmax"].to(device=p.device, dtype=torch.float32)
+                if eight and saved_block == self.block_size:
+                    st[name], st[name + "_absmax"] = value.reshape(p.shape), absmax
+                    continue
+                cb, _ = _codebook(signed)
+                value = dequantize_blockwise(value.contiguous(), absmax, cb,
+                                             saved_block).reshape(p.shape)
+            value = value.to(torch.float32).reshape(p.shape)
+            if eight:
+                self._quantize_into(st, name, signed, value)
+            else:
+                st[name] = value.clone()
+        self.state[p] = st

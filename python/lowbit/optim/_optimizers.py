@@ -1,0 +1,211 @@
+"""The optimizers: torch.optim's constructor arguments where torch has the optimizer, plus
+``bits`` (32 or 8), ``block_size`` (256 or 2048), ``min_8bit_size`` (parameters with fewer
+elements keep 32-bit states), ``stochastic_rounding`` and ``seed`` (of the 8-bit states'
+rounding)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from lowbit.optim._base import LowbitOptimizer
+
+__all__ = [
+    "Adam", "AdamW", "StableAdamW", "SGD", "Lion", "RMSprop", "Adagrad",
+    "Adam8bit", "AdamW8bit", "StableAdamW8bit", "SGD8bit", "Lion8bit", "RMSprop8bit",
+    "Adagrad8bit",
+]
+
+
+def _check(name: str, value: float, lo: float, hi: float, hi_open: bool = True) -> None:
+    ok = lo <= value < hi if hi_open else lo <= value <= hi
+    if not ok:
+        raise ValueError(f"invalid {name}: {value!r} (expected [{lo}, {hi}{')' if hi_open else ']'})")
+
+
+def _lr(lr: Any) -> None:
+    if isinstance(lr, (int, float)) and lr < 0.0:
+        raise ValueError(f"invalid learning rate: {lr!r}")
+
+
+_common = dict(bits=32, block_size=256, min_8bit_size=4096, stochastic_rounding=False, seed=None)
+
+
+class _AdamFamily(LowbitOptimizer):
+    _states = (("exp_avg", True), ("exp_avg_sq", False))
+
+    def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float, maximize: bool, **kw: Any) -> None:
+        _lr(lr)
+        _check("beta parameter at index 0", betas[0], 0.0, 1.0)
+        _check("beta parameter at index 1", betas[1], 0.0, 1.0)
+        if eps < 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r}")
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, maximize=maximize), **cfg)
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+
+
+class Adam(_AdamFamily):
+    """torch.optim.Adam (L2 weight decay through the gradient) with 32- or 8-bit states."""
+
+    _kernel = "adam"
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, maximize: bool = False, **kw: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+
+
+class AdamW(_AdamFamily):
+    """torch.optim.AdamW (decoupled weight decay) with 32- or 8-bit states."""
+
+    _kernel = "adamw"
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, *, maximize: bool = False, **kw: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+
+
+class StableAdamW(_AdamFamily):
+    """StableAdamW (Wortsman et al. 2023, Algorithm 2): AdamW with debiased betas and the step
+    of each tensor divided by max(1, RMS), RMS = sqrt(mean(g^2 / max(v_t, eps^2))) over the
+    tensor (computed in the same call, before any parameter is written)."""
+
+    _kernel = "stable_adamw"
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.99), eps: float = 1e-6,
+                 weight_decay: float = 1e-2, *, maximize: bool = False, **kw: Any) -> None:
+        if eps <= 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r} (StableAdamW needs eps > 0)")
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+
+
+class SGD(LowbitOptimizer):
+    """torch.optim.SGD (momentum, dampening, Nesterov, L2 weight decay) with a 32- or 8-bit
+    momentum buffer (none without momentum)."""
+
+    _kernel = "sgd"
+    _states = (("momentum_buffer", True),)
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
+                 maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        _check("momentum value", momentum, 0.0, 1.0)
+        _check("dampening value", dampening, 0.0, 1.0, hi_open=False)
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      maximize=maximize), **cfg)
+
+    def _n_states(self, g: dict[str, Any]) -> int:
+        return 1 if g["momentum"] != 0 else 0
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), momentum=g["momentum"], dampening=g["dampening"],
+                    weight_decay=g["weight_decay"], nesterov=g["nesterov"],
+                    maximize=g["maximize"])
+
+
+class Lion(LowbitOptimizer):
+    """Lion (Chen et al. 2023): p -= lr (sign(b1 m + (1-b1) g) + wd p); m = b2 m + (1-b2) g."""
+
+    _kernel = "lion"
+    _states = (("exp_avg", True),)
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-4,
+                 betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0, *,
+                 maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        _check("beta parameter at index 0", betas[0], 0.0, 1.0)
+        _check("beta parameter at index 1", betas[1], 0.0, 1.0)
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                                      maximize=maximize), **cfg)
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1],
+                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+
+
+class RMSprop(LowbitOptimizer):
+    """torch.optim.RMSprop without momentum and not centered, with a 32- or 8-bit square
+    average."""
+
+    _kernel = "rmsprop"
+    _states = (("square_avg", False),)
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-2, alpha: float = 0.99,
+                 eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0,
+                 centered: bool = False, *, maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        _check("alpha value", alpha, 0.0, 1.0)
+        if momentum != 0.0 or centered:
+            raise ValueError("lowbit RMSprop: momentum and centered are not implemented")
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
+                                      maximize=maximize), **cfg)
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), beta2=g["alpha"], eps=g["eps"],
+                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+
+
+class Adagrad(LowbitOptimizer):
+    """torch.optim.Adagrad with a 32- or 8-bit sum of squares."""
+
+    _kernel = "adagrad"
+    _states = (("sum", False),)
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-2, lr_decay: float = 0.0,
+                 weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+                 eps: float = 1e-10, *, maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        if lr_decay < 0 or initial_accumulator_value < 0 or weight_decay < 0:
+            raise ValueError("lr_decay, weight_decay and initial_accumulator_value must be >= 0")
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value,
+                                      eps=eps, maximize=maximize), **cfg)
+
+    def _initial_value(self, g: dict[str, Any], name: str) -> float:
+        return float(g["initial_accumulator_value"])
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), lr_decay=g["lr_decay"], eps=g["eps"],
+                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+
+
+def _eight_bit(base: type) -> type:
+    def __init__(self: Any, params: Iterable[Any], *args: Any, bits: int = 8,
+                 **kw: Any) -> None:
+        base.__init__(self, params, *args, bits=bits, **kw)
+
+    name = base.__name__ + "8bit"
+    return type(name, (base,), {
+        "__init__": __init__,
+        "__doc__": f"{base.__name__} with 8-bit block-wise states by default (bits=8).",
+        "__module__": __name__,
+        "__qualname__": name,
+    })
+
+
+Adam8bit = _eight_bit(Adam)
+AdamW8bit = _eight_bit(AdamW)
+StableAdamW8bit = _eight_bit(StableAdamW)
+SGD8bit = _eight_bit(SGD)
+Lion8bit = _eight_bit(Lion)
+RMSprop8bit = _eight_bit(RMSprop)
+Adagrad8bit = _eight_bit(Adagrad)

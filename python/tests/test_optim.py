@@ -1,0 +1,412 @@
+"""lowbit.optim on CPU tensors (marker torch) and CUDA tensors (marker gpu): the 32-bit variants
+against torch.optim step by step, 8-bit against 32-bit trajectories on a small MLP, state_dict
+round trips, loading torch's states, the NaN/Inf rule, per-parameter overrides and
+StableEmbedding."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import lowbit.optim as lo  # noqa: E402
+from lowbit.nn.embedding import StableEmbedding  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+# ---- 32-bit variants against torch.optim, one step at a time ------------------------------------
+
+# Each case: (lowbit class, torch class, constructor arguments, torch's state names).
+CASES = [
+    (lo.Adam, torch.optim.Adam, dict(lr=1e-3), ["exp_avg", "exp_avg_sq"]),
+    (lo.Adam, torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.1),
+     ["exp_avg", "exp_avg_sq"]),
+    (lo.AdamW, torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.05), ["exp_avg", "exp_avg_sq"]),
+    (lo.AdamW, torch.optim.AdamW, dict(lr=3e-3, eps=1e-6, maximize=True),
+     ["exp_avg", "exp_avg_sq"]),
+    (lo.SGD, torch.optim.SGD, dict(lr=0.1), []),
+    (lo.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=1e-3),
+     ["momentum_buffer"]),
+    (lo.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True), ["momentum_buffer"]),
+    (lo.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.5, dampening=0.3), ["momentum_buffer"]),
+    (lo.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, weight_decay=0.01), ["square_avg"]),
+    (lo.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
+     ["sum"]),
+]
+
+# Per step, from identical parameters and states: the parameters differ by at most PARAM_ULPS
+# ulps of the largest of the old value, the new value and their difference (that times
+# (|g| + wd |p|) / |g + wd p| under L2 weight decay, the cancellation the update inherits), and
+# each state by at
+# most STATE_UNITS * 2^-24 times its magnitude, the state's recurrence evaluated on absolute
+# values (beta |s| + (1 - beta) G or G^2, with G = |g| + wd |p| the gradient's operands). Both
+# sides evaluate the same float32 operations in the same order, but torch's vectorized CPU
+# kernels fuse some of them (lerp, addcmul, add with alpha, addcdiv through fused multiply-adds)
+# where lowbit rounds each product: each fused operation moves an intermediate by at most half
+# an ulp of its operands; a state takes at most four roundings, so each side is within about
+# 3 u of the exact state's magnitude (the L2 term's rounding enters G^2 twice), and the two within
+# 6 u of each other (u = 2^-24); where the operands cancel
+# (g against wd p, an update against the old value) the result's own ulp would be far too
+# strict a ruler. The parameter takes its update, a chain of up to six such operations (the L2
+# term, the state, its square root, + eps, the product with the step size, the quotient), each
+# within an ulp of torch's, so the update within about eight ulps of itself, and the parameter
+# within that (where the update is as large as the parameter) plus its own rounding.
+PARAM_ULPS = 8
+STATE_UNITS = 6
+
+
+def _ulp_of(x):
+    x = x.detach().float().abs()
+    return torch.where(x > 0, torch.nextafter(x, torch.tensor(float("inf"))) - x,
+                       torch.tensor(2.0 ** -149))
+
+
+def _judge(ours, torchs, old, cancel=None):
+    step = (torchs - old).abs()
+    if cancel is not None:
+        step = step * cancel
+    scale = torch.maximum(torch.maximum(old.abs(), torchs.abs()), step)
+    return float(((ours - torchs).abs() / _ulp_of(scale)).max())
+
+
+def _magnitude(name, kw, old, p, g, step):
+    p, g, old = p.double().abs(), g.double().abs(), old.double().abs()
+    big = g + kw.get("weight_decay", 0.0) * p if name != "adamw" else g
+    b1, b2 = kw.get("betas", (0.9, 0.999))
+    if name == "exp_avg":
+        return b1 * old + (1 - b1) * big
+    if name == "exp_avg_sq":
+        return b2 * old + (1 - b2) * big * big
+    if name == "momentum_buffer":
+        return big if step == 1 else kw["momentum"] * old + (1 - kw.get("dampening", 0.0)) * big
+    if name == "square_avg":
+        return kw.get("alpha", 0.99) * old + (1 - kw.get("alpha", 0.99)) * big * big
+    return old + big * big  # adagrad's sum
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_32bit_variants_stay_within_a_few_ulps_of_torch_per_step(case):
+    lcls, tcls, kw, names = CASES[case]
+    g = torch.Generator().manual_seed(case)
+    p0 = torch.randn(3000, generator=g)
+    pl = torch.nn.Parameter(p0.clone())
+    pt = torch.nn.Parameter(p0.clone())
+    ol, ot = lcls([pl], **kw), tcls([pt], foreach=False, **kw)
+    worst_p = worst_s = 0.0
+    for step in range(1, 21):
+        grad = torch.randn(3000, generator=g) * 0.1
+        pl.grad, pt.grad = grad.clone(), grad.clone()
+        old = pt.detach().clone()
+        olds = {n: ot.state[pt][n].clone() if n in ot.state[pt] else
+                torch.full_like(old, kw.get("initial_accumulator_value", 0.0)) for n in names}
+        ol.step()
+        ot.step()
+        wkw = dict(kw) if lcls is not lo.AdamW else dict(kw, weight_decay=0.0)
+        # The L2 term g + wd p may cancel: the update then carries the error of its operands.
+        wd = wkw.get("weight_decay", 0.0)
+        g1 = (grad.double() + wd * old.double()).abs()
+        cancel = ((grad.double().abs() + wd * old.double().abs()) / g1.clamp_min(1e-300)).float()
+        worst_p = max(worst_p, _judge(pl.detach(), pt.detach(), old, cancel))
+        for n in names:
+            mag = _magnitude(n, wkw, olds[n], old, grad, step)
+            d = (ol.state[pl][n].double() - ot.state[pt][n].double()).abs()
+            worst_s = max(worst_s, float((d / (mag * 2.0 ** -24 + 2.0 ** -149)).max()))
+        # Both continue from torch's values: every step is judged on its own.
+        with torch.no_grad():
+            pl.copy_(pt)
+        for n in names:
+            ol.state[pl][n].copy_(ot.state[pt][n])
+    assert worst_p <= PARAM_ULPS, (lcls.__name__, kw, worst_p)
+    assert worst_s <= STATE_UNITS, (lcls.__name__, kw, worst_s)
+
+
+def test_lr_schedulers_and_param_groups_follow_torch():
+    g = torch.Generator().manual_seed(5)
+    a0, b0 = torch.randn(500, generator=g), torch.randn(70, generator=g)
+    pa, pb = torch.nn.Parameter(a0.clone()), torch.nn.Parameter(b0.clone())
+    qa, qb = torch.nn.Parameter(a0.clone()), torch.nn.Parameter(b0.clone())
+    groups = lambda x, y: [dict(params=[x], lr=1e-2), dict(params=[y], lr=1e-3,  # noqa: E731
+                                                             weight_decay=0.5)]
+    ol = lo.AdamW(groups(pa, pb))
+    ot = torch.optim.AdamW(groups(qa, qb), foreach=False)
+    sl = torch.optim.lr_scheduler.StepLR(ol, step_size=3, gamma=0.5)
+    st = torch.optim.lr_scheduler.StepLR(ot, step_size=3, gamma=0.5)
+    for _ in range(10):
+        ga, gb = torch.randn(500, generator=g), torch.randn(70, generator=g)
+        pa.grad, pb.grad, qa.grad, qb.grad = ga.clone(), gb.clone(), ga.clone(), gb.clone()
+        ol.step()
+        ot.step()
+        sl.step()
+        st.step()
+    assert ol.param_groups[0]["lr"] == ot.param_groups[0]["lr"]
+    for x, y in [(pa, qa), (pb, qb)]:
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_closure_zero_grad_and_parameters_without_gradients():
+    p = torch.nn.Parameter(torch.ones(10))
+    q = torch.nn.Parameter(torch.ones(10))  # never gets a gradient
+    opt = lo.AdamW8bit([p, q], lr=0.1)
+    calls = []
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * 2).sum()
+        loss.backward()
+        calls.append(1)
+        return loss
+
+    loss = opt.step(closure)
+    assert calls == [1] and float(loss.detach()) == 20.0
+    assert torch.all(p < 1) and torch.all(q == 1)
+    assert len(opt.state[q]) == 0
+    opt.zero_grad()
+    assert p.grad is None
+
+
+# ---- 8-bit against 32-bit: a small MLP on synthetic data ----------------------------------------
+
+def _mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(),
+                               torch.nn.Linear(128, 128), torch.nn.GELU(),
+                               torch.nn.Linear(128, 1))
+
+
+def _train(model, opt, steps=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(32, 1, generator=g)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 32, generator=g)
+        y = torch.tanh(x @ teacher) + 0.01 * torch.randn(64, 1, generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return float(np.mean(losses[-20:])), losses[0]
+
+
+TRAJECTORIES = [
+    (lo.AdamW, dict(lr=1e-3)),
+    (lo.Adam, dict(lr=1e-3)),
+    (lo.StableAdamW, dict(lr=1e-3)),
+    (lo.SGD, dict(lr=0.05, momentum=0.9)),
+    (lo.Lion, dict(lr=3e-4, weight_decay=0.1)),
+    (lo.RMSprop, dict(lr=1e-3)),
+    (lo.Adagrad, dict(lr=0.05)),
+]
+
+# The mean loss of the last 20 of 300 steps with 8-bit states, against the same run with 32-bit
+# states: within 25 % of it plus 0.005 (the quantized states add noise of a few per cent of each
+# block's largest state to every step; on this task that moves the final loss by well under
+# this, and a broken 8-bit path, e.g. states not requantized or read from the wrong map, moves it
+# by far more or does not descend at all). Both must have descended to a fifth of the first loss.
+@pytest.mark.parametrize("cls,kw", TRAJECTORIES, ids=[c.__name__ for c, _ in TRAJECTORIES])
+def test_8bit_trajectory_follows_32bit(cls, kw):
+    m32, m8 = _mlp(1), _mlp(1)
+    l32, first = _train(m32, cls(m32.parameters(), bits=32, **kw))
+    opt8 = cls(m8.parameters(), bits=8, **kw)
+    l8, _ = _train(m8, opt8)
+    assert any(s[k].dtype == torch.uint8 for s in opt8.state.values() for k in s
+               if isinstance(s[k], torch.Tensor))
+    assert l32 < 0.2 * first and l8 < 0.2 * first, (l32, l8, first)
+    assert abs(l8 - l32) <= 0.25 * l32 + 0.005, (l32, l8)
+    assert opt8.skipped_blocks == 0
+
+
+# ---- state_dict ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls,kw", [
+    (lo.AdamW8bit, {}), (lo.StableAdamW8bit, {}), (lo.SGD8bit, dict(momentum=0.9)),
+    (lo.Lion8bit, {}), (lo.AdamW8bit, dict(stochastic_rounding=True, seed=3)),
+    (lo.AdamW, {}), (lo.Adagrad8bit, dict(initial_accumulator_value=0.1)),
+])
+def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
+    kw = dict(kw, lr=1e-3, min_8bit_size=256)
+    ref = _mlp(2)
+    opt_ref = cls(ref.parameters(), **kw)
+    _train(ref, opt_ref, steps=10, seed=1)
+    model = copy.deepcopy(ref)
+    buf = io.BytesIO()
+    torch.save({"model": ref.state_dict(), "opt": opt_ref.state_dict()}, buf)
+    _train(ref, opt_ref, steps=10, seed=2)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    model = _mlp(3)
+    model.load_state_dict(saved["model"])
+    opt = cls(model.parameters(), **kw)
+    opt.load_state_dict(saved["opt"])
+    _train(model, opt, steps=10, seed=2)
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    for pa, pb in zip(ref.parameters(), model.parameters()):
+        sa, sb = opt_ref.state[pa], opt.state[pb]
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+            else:
+                assert sa[k] == sb[k], k
+
+
+def test_loading_torch_adamw_state_quantizes_it():
+    ref = _mlp(4)
+    topt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    _train(ref, topt, steps=5)
+    model = copy.deepcopy(ref)
+    opt = lo.AdamW8bit(model.parameters(), lr=1e-3)
+    opt.load_state_dict(topt.state_dict())
+    for p, q in zip(model.parameters(), ref.parameters()):
+        st, tst = opt.state[p], topt.state[q]
+        assert st["step"] == 5
+        for name in ["exp_avg", "exp_avg_sq"]:
+            if p.numel() >= 4096:
+                assert st[name].dtype == torch.uint8
+                back = opt.state_float(p, name)
+                # Nearest entry of the dynamic map: within half the largest gap (about 0.06 of
+                # the block's absmax, between the two largest entries) of each value.
+                absmax = st[name + "_absmax"].repeat_interleave(256)[: p.numel()].reshape(p.shape)
+                assert torch.all((back - tst[name]).abs() <= 0.07 * absmax)
+            else:
+                assert st[name].dtype == torch.float32
+                assert torch.equal(st[name], tst[name])
+    _, _ = _train(model, opt, steps=5)  # and the step runs on them
+
+
+# ---- non-finite gradients -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("bits", [8, 32])
+def test_non_finite_gradient_leaves_its_block_untouched_and_is_counted(bad, bits):
+    g = torch.Generator().manual_seed(9)
+    p = torch.nn.Parameter(torch.randn(5000, generator=g))
+    opt = lo.AdamW([p], lr=1e-2, bits=bits)
+    p.grad = torch.randn(5000, generator=g)
+    opt.step()  # states now nonzero
+    before = p.detach().clone()
+    states = {k: v.clone() for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
+    grad = torch.randn(5000, generator=g)
+    grad[300] = bad  # block 1 (elements 256..511)
+    p.grad = grad
+    opt.step()
+    assert opt.skipped_blocks == 1
+    assert torch.equal(p.detach()[256:512], before[256:512])
+    assert not torch.equal(p.detach()[:256], before[:256])
+    assert torch.isfinite(p).all()
+    for k, v in states.items():
+        now = opt.state[p][k]
+        if k.endswith("_absmax"):
+            assert torch.equal(now[1], v[1])
+            assert torch.isfinite(now).all()
+        else:
+            assert torch.equal(now.flatten()[256:512], v.flatten()[256:512])
+    assert opt.state_dict()["lowbit"]["skipped_blocks"] == 1
+
+
+# ---- what keeps 32-bit states -------------------------------------------------------------------
+
+def test_min_8bit_size_override_and_stable_embedding_keep_32bit_states():
+    emb = StableEmbedding(1000, 16)
+    big = torch.nn.Linear(128, 128)
+    small = torch.nn.Linear(8, 8)
+    forced = torch.nn.Linear(128, 128)
+    lo.override(forced.weight, bits=32)
+    params = [*emb.parameters(), *big.parameters(), *small.parameters(), *forced.parameters()]
+    opt = lo.AdamW8bit(params)
+    x = torch.randint(0, 1000, (4, 7))
+    loss = emb(x).sum() + big(torch.randn(3, 128)).sum() + small(torch.randn(3, 8)).sum() + \
+        forced(torch.randn(3, 128)).sum()
+    loss.backward()
+    opt.step()
+    assert opt.state[emb.weight]["exp_avg"].dtype == torch.float32  # 16000 elements, overridden
+    assert opt.state[big.weight]["exp_avg"].dtype == torch.uint8
+    assert opt.state[big.weight]["exp_avg_absmax"].shape == (64,)
+    assert opt.state[small.weight]["exp_avg"].dtype == torch.float32
+    assert opt.state[forced.weight]["exp_avg"].dtype == torch.float32
+    with pytest.raises(ValueError, match="bits"):
+        lo.override(big.weight, bits=4)
+
+
+def test_stable_embedding_is_a_drop_in_embedding():
+    torch.manual_seed(0)
+    emb = StableEmbedding(50, 8, padding_idx=0)
+    assert torch.equal(emb.weight[0], torch.zeros(8))
+    bound = (6.0 / (50 + 8)) ** 0.5  # xavier_uniform_
+    assert emb.weight.abs().max() <= bound
+    out = emb(torch.tensor([[1, 2, 0]]))
+    assert out.shape == (1, 3, 8)
+    # LayerNorm over the embedding: zero mean, unit variance per row (the padding row is zeros).
+    assert torch.allclose(out[0, :2].mean(-1), torch.zeros(2), atol=1e-5)
+    assert set(emb.state_dict()) == {"weight", "norm.weight", "norm.bias"}
+
+
+def test_half_precision_parameters_and_argument_errors():
+    for dt in (torch.bfloat16, torch.float16):
+        p = torch.nn.Parameter(torch.randn(5000).to(dt))
+        opt = lo.AdamW8bit([p], lr=1e-2)
+        p.grad = torch.randn(5000).to(dt)
+        before = p.detach().clone()
+        opt.step()
+        assert p.dtype == dt and not torch.equal(p, before)
+        assert opt.state[p]["exp_avg_absmax"].dtype == torch.float32
+    with pytest.raises(ValueError, match="bits"):
+        lo.AdamW([torch.nn.Parameter(torch.ones(3))], bits=4)
+    with pytest.raises(ValueError, match="block_size"):
+        lo.AdamW([torch.nn.Parameter(torch.ones(3))], block_size=512)
+    with pytest.raises(ValueError, match="beta"):
+        lo.AdamW([torch.nn.Parameter(torch.ones(3))], betas=(1.0, 0.9))
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    p.grad = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64"):
+        lo.AdamW([p]).step()
+
+
+def test_non_contiguous_parameters_are_updated():
+    base = torch.randn(64, 64)
+    p = torch.nn.Parameter(base.t())  # a transposed view, not contiguous
+    q = torch.nn.Parameter(base.t().contiguous())
+    grad = torch.randn(64, 64)
+    p.grad, q.grad = grad.clone(), grad.clone()
+    lo.AdamW([p], bits=32).step()
+    lo.AdamW([q], bits=32).step()
+    assert torch.equal(p.detach(), q.detach())
+
+
+# ---- CUDA: the kernel equals the CPU twin -------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls,kw", [(lo.AdamW8bit, {}), (lo.StableAdamW8bit, {}),
+                                    (lo.SGD8bit, dict(momentum=0.9)), (lo.Lion8bit, {}),
+                                    (lo.AdamW, {})])
+def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
+    cpu = _mlp(5)
+    gpu = copy.deepcopy(cpu).cuda()
+    oc, og = cls(cpu.parameters(), lr=1e-3, **kw), cls(gpu.parameters(), lr=1e-3, **kw)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        x = torch.randn(64, 32, generator=g)
+        for model, opt, dev in [(cpu, oc, "cpu"), (gpu, og, "cuda")]:
+            opt.zero_grad()
+            model(x.to(dev)).pow(2).mean().backward()
+        # The same gradients on both (the matmuls of the two devices differ).
+        for a, b in zip(cpu.parameters(), gpu.parameters()):
+            b.grad.copy_(a.grad)
+        oc.step()
+        og.step()
+        for a, b in zip(cpu.parameters(), gpu.parameters()):
+            assert torch.equal(a.detach(), b.detach().cpu())
+        for a, b in zip(cpu.parameters(), gpu.parameters()):
+            for k, v in oc.state[a].items():
+                if isinstance(v, torch.Tensor):
+                    assert torch.equal(v, og.state[b][k].cpu()), k
+        # Continue from identical parameters so that the next gradients match too.
+        with torch.no_grad():
+            for a, b in zip(cpu.parameters(), gpu.parameters()):
+                a.copy_(b.cpu())
