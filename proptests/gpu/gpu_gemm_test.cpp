@@ -460,17 +460,17 @@ TEST(gpu_gemm, tensor_core_float_sums_within_the_bound) {
     problem p = make_problem(ka, partner(ka), o);
     p.run(false, gemm_backend::automatic);
     const auto cpu = p.result(false);
-    std::vector<gemm_backend> backends = {gemm_backend::cublaslt, gemm_backend::automatic};
+    std::vector<gemm_backend> backends = {gemm_backend::cublaslt, gemm_backend::automatic,
+                                          gemm_backend::cutlass};
     if (is_fp8(ka))
       backends.push_back(gemm_backend::widened);
-    else
-      backends.push_back(gemm_backend::cutlass);
     for (gemm_backend b : backends) {
-      // cuBLASLt refuses fp8 before sm_89 and e5m2 x e5m2; CUTLASS where the build lacks it.
+      // cuBLASLt refuses fp8 before sm_89 and e5m2 x e5m2; CUTLASS where the build lacks it
+      // or the pair of fp8 formats has no kernel.
       if (!run_gpu(p, b, b == gemm_backend::cutlass || (b == gemm_backend::cublaslt && is_fp8(ka))))
         continue;
-      // cuBLASLt (and automatic, which takes native fp8 where the device has it) sum fp8 on
-      // fp8 tensor cores; widened sums the same values on 16-bit ones, in float32.
+      // cuBLASLt and CUTLASS (and automatic, which takes one of them where the device has fp8)
+      // sum fp8 on fp8 tensor cores; widened sums the same values on 16-bit ones, in float32.
       const bool native = is_fp8(ka) && b != gemm_backend::widened;
       check_within_bound(p, cpu, p.result(true), kernels::gemm_backend_name(b), native);
     }
@@ -533,7 +533,9 @@ TEST(gpu_gemm, native_fp8_equals_widened_where_sums_are_exact) {
     run_gpu(p, gemm_backend::widened, false);
     RC_ASSERT(same_bytes(cpu, p.result(true), "widened on " + p.describe()));
     if (run_gpu(p, gemm_backend::cublaslt, true))
-      RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 on " + p.describe()));
+      RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 (cublaslt) on " + p.describe()));
+    if (run_gpu(p, gemm_backend::cutlass, true))
+      RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 (cutlass) on " + p.describe()));
   }));
 }
 
@@ -644,9 +646,8 @@ TEST(gpu_gemm, explicit_backends_that_cannot_take_the_problem) {
   };
   EXPECT_TRUE(refused(kind::int8, kind::int8, gemm_backend::widened));
   EXPECT_TRUE(refused(kind::bf16, kind::bf16, gemm_backend::widened));
-  EXPECT_TRUE(refused(kind::e4m3, kind::e5m2, gemm_backend::cutlass));
   EXPECT_TRUE(refused(kind::e5m2, kind::e5m2, gemm_backend::cublaslt));
-  // automatic routes e5m2 x e5m2 to widened.
+  // automatic routes e5m2 x e5m2 (no cuBLASLt or CUTLASS kernel) to widened.
   EXPECT_EQ(kernels::gemm_backend_for(op(kind::e5m2), op(kind::e5m2), ov), gemm_backend::widened);
   EXPECT_NE(kernels::gemm_backend_for(op(kind::int8), op(kind::int8), ov), gemm_backend::widened);
 }
