@@ -1,12 +1,14 @@
-# The CUTLASS sm_90 kernels of kernels/gemm (gemm_cutlass_sm90.cu), or their stand-in
+# The CUTLASS sm_90 kernels of kernels/gemm (gemm_cutlass_sm90*.cu), or their stand-in
 # (gemm_cutlass_none.cpp) where CUTLASS's headers are missing or sm_90 is not among the CUDA
 # architectures. CUTLASS is header-only and never vendored: its headers come from
 # LOWBIT_CUTLASS_INCLUDE_DIR, else from PyPI's nvidia-cutlass wheel (cutlass_library/source/include)
 # in the interpreter the build uses, else from the system's include directories.
 #
 # The kernels use WGMMA and TMA, which exist only in the architecture-specific target sm_90a: the
-# file is compiled for 90a alone, in an object library whose objects join lowbit_kernels (so the
-# installed and exported lowbit::kernels is one library, as without CUTLASS).
+# files are compiled for 90a alone, in an object library whose objects join lowbit_kernels (so the
+# installed and exported lowbit::kernels is one library, as without CUTLASS). Each operand pair's
+# kernels are a translation unit of their own (a few minutes of nvcc each), so they build in
+# parallel.
 
 set(LOWBIT_CUTLASS_INCLUDE_DIR "" CACHE PATH
     "Directory holding cutlass/cutlass.h and cute/tensor.hpp (empty: search for them)")
@@ -92,7 +94,14 @@ function(lowbit_gemm_cutlass tgt)
     return()
   endif()
 
-  add_library(lowbit_gemm_cutlass_sm90 OBJECT ${PROJECT_SOURCE_DIR}/kernels/gemm/gemm_cutlass_sm90.cu)
+  set(gemm "${PROJECT_SOURCE_DIR}/kernels/gemm")
+  add_library(lowbit_gemm_cutlass_sm90 OBJECT
+    ${gemm}/gemm_cutlass_sm90.cu # the refusal checks and the dispatch
+    ${gemm}/gemm_cutlass_sm90_int8.cu
+    ${gemm}/gemm_cutlass_sm90_bf16.cu
+    ${gemm}/gemm_cutlass_sm90_f16.cu
+    ${gemm}/gemm_cutlass_sm90_e4m3.cu
+    ${gemm}/gemm_cutlass_sm90_e5m2_e4m3.cu)
   set_target_properties(lowbit_gemm_cutlass_sm90 PROPERTIES
     CUDA_ARCHITECTURES 90a POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
   # SYSTEM: CUTLASS's own warnings are not ours to fix.

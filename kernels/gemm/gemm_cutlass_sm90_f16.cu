@@ -1,0 +1,11 @@
+// The CUTLASS sm_90 kernels for float16 x float16 operands (gemm_cutlass_sm90.cuh), in a
+// translation unit of their own so that the element types compile in parallel.
+#include "gemm_cutlass_sm90.cuh"
+
+namespace lowbit::kernels::cuda::sm90 {
+
+void run_f16(const gemm_problem& p, const float* bias, const exec& ex) {
+  run_out<cutlass::half_t, cutlass::half_t>(p, bias, ex);
+}
+
+} // namespace lowbit::kernels::cuda::sm90
