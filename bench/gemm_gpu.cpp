@@ -6,6 +6,8 @@
 // every other row of the shape carries `vs_bf16`, the baseline's time over its own (above 1:
 // faster than bf16). Each lowbit row has row-wise scales on both operands, a float32 bias and
 // bf16 output, as a SwitchBack layer computes it. Counters: TFLOPs = 2 M N K / time.
+// e5m2_e4m3_cutlass (an E5M2 gradient times E4M3 codes, as fp8 training's input gradient) runs
+// at 65536x1280x5120 alone, the input gradient of the MLP up-projection.
 //
 // Shapes: 8192^3, and the ViT-H layers of the SwitchBack paper (width 1280, MLP 5120) at 65536
 // tokens: 65536x5120x1280 (MLP up-projection forward; input gradient of the down-projection),
@@ -51,28 +53,31 @@ void ok_blas(cublasStatus_t s, const char* what) {
 
 // Device buffers of one shape, made when a row of a new shape runs (rows are registered shape
 // by shape) and kept until the next shape's. Both operands exist in every element type: int8
-// and e4m3 codes with row scales, and bf16 values.
+// and e4m3 codes with row scales, and bf16 values; A also in e5m2 codes (a gradient's format).
 struct operands {
   shape s{0, 0, 0};
   void* x = nullptr;                     // float32 staging, max(M, N) x K
   void *a8 = nullptr, *b8 = nullptr;     // int8 codes
   void *af8 = nullptr, *bf8 = nullptr;   // e4m3fn codes
+  void* ae5 = nullptr;                   // e5m2 codes of A
   void *a16 = nullptr, *b16 = nullptr;   // bf16 values
   void *sa8 = nullptr, *sb8 = nullptr;   // int8 row scales (float32)
   void *saf8 = nullptr, *sbf8 = nullptr; // e4m3 row scales
+  void* sae5 = nullptr;                  // e5m2 row scales of A
   void* bias = nullptr;                  // float32 [N]
   void* out = nullptr;                   // bf16 M x N
 
   void release() {
-    for (void* p : {x, a8, b8, af8, bf8, a16, b16, sa8, sb8, saf8, sbf8, bias, out})
+    for (void* p : {x, a8, b8, af8, bf8, ae5, a16, b16, sa8, sb8, saf8, sbf8, sae5, bias, out})
       if (p != nullptr)
         ok(cudaFree(p));
     *this = operands{};
   }
 
-  // One operand (rows x K) from Gaussian data of stream `seed`, in the three element types.
+  // One operand (rows x K) from Gaussian data of stream `seed`, in the three element types, and in
+  // e5m2 codes where ce5 is not null.
   void make(std::int64_t rows, std::uint64_t seed, void* c8, void* cf8, void* c16, void* s8,
-            void* sf8) {
+            void* sf8, void* ce5 = nullptr, void* se5 = nullptr) {
     const std::int64_t k = s.k;
     fill_normal(static_cast<float*>(x), rows * k, seed, 1.0f);
     const auto xv = dev_view(x, dtype::float32, {rows, k});
@@ -83,6 +88,10 @@ struct operands {
     kernels::quantize(xv, dev_view(cf8, dtype::uint8, {rows, k}),
                       dev_view(sf8, dtype::float32, {rows}), kernels::target::of(emu::e4m3fn),
                       rows_g, emu::rne_sat);
+    if (ce5 != nullptr)
+      kernels::quantize(xv, dev_view(ce5, dtype::uint8, {rows, k}),
+                        dev_view(se5, dtype::float32, {rows}), kernels::target::of(emu::e5m2),
+                        rows_g, emu::rne_sat);
     kernels::cast(xv, dev_view(c16, dtype::uint16, {rows, k}), emu::bfloat16, emu::rne);
   }
 
@@ -97,15 +106,17 @@ struct operands {
     ok(cudaMalloc(&b8, n * k));
     ok(cudaMalloc(&af8, m * k));
     ok(cudaMalloc(&bf8, n * k));
+    ok(cudaMalloc(&ae5, m * k));
     ok(cudaMalloc(&a16, m * k * 2));
     ok(cudaMalloc(&b16, n * k * 2));
     ok(cudaMalloc(&sa8, m * 4));
     ok(cudaMalloc(&sb8, n * 4));
     ok(cudaMalloc(&saf8, m * 4));
     ok(cudaMalloc(&sbf8, n * 4));
+    ok(cudaMalloc(&sae5, m * 4));
     ok(cudaMalloc(&bias, n * 4));
     ok(cudaMalloc(&out, m * n * 2));
-    make(m, 11, a8, af8, a16, sa8, saf8);
+    make(m, 11, a8, af8, a16, sa8, saf8, ae5, sae5);
     make(n, 12, b8, bf8, b16, sb8, sbf8);
     fill_normal(static_cast<float*>(bias), n, 13, 0.1f);
     ok(cudaDeviceSynchronize());
@@ -217,7 +228,7 @@ void bm_baseline(benchmark::State& state, shape s) {
   baseline_ms()[s.name()] = ms;
 }
 
-enum class kind { int8, e4m3, bf16 };
+enum class kind { int8, e4m3, e5m2_e4m3, bf16 };
 
 void bm_lowbit(benchmark::State& state, shape s, kind el, kernels::gemm_backend backend) {
   auto& o = ops();
@@ -233,6 +244,12 @@ void bm_lowbit(benchmark::State& state, shape s, kind el, kernels::gemm_backend 
   case kind::e4m3:
     a = {dev_view(o.af8, dtype::uint8, {s.m, s.k}), kernels::target::of(emu::e4m3fn),
          dev_view(o.saf8, dtype::float32, {s.m})};
+    b = {dev_view(o.bf8, dtype::uint8, {s.n, s.k}), kernels::target::of(emu::e4m3fn),
+         dev_view(o.sbf8, dtype::float32, {s.n})};
+    break;
+  case kind::e5m2_e4m3:
+    a = {dev_view(o.ae5, dtype::uint8, {s.m, s.k}), kernels::target::of(emu::e5m2),
+         dev_view(o.sae5, dtype::float32, {s.m})};
     b = {dev_view(o.bf8, dtype::uint8, {s.n, s.k}), kernels::target::of(emu::e4m3fn),
          dev_view(o.sbf8, dtype::float32, {s.n})};
     break;
@@ -265,12 +282,15 @@ void register_gemm() {
     const char* name;
     kind el;
     gemm_backend backend;
+    const char* only = nullptr; // the one shape of the row (null: every shape)
   };
   const std::vector<row> rows = {
       {"int8_cutlass", kind::int8, gemm_backend::cutlass},
       {"int8_cublaslt", kind::int8, gemm_backend::cublaslt},
+      {"e4m3_cutlass", kind::e4m3, gemm_backend::cutlass},
       {"e4m3_cublaslt", kind::e4m3, gemm_backend::cublaslt},
       {"e4m3_widened", kind::e4m3, gemm_backend::widened},
+      {"e5m2_e4m3_cutlass", kind::e5m2_e4m3, gemm_backend::cutlass, "65536x1280x5120"},
       {"bf16_cutlass", kind::bf16, gemm_backend::cutlass},
       {"bf16_cublaslt", kind::bf16, gemm_backend::cublaslt},
   };
@@ -279,8 +299,9 @@ void register_gemm() {
     // The baseline first: the shape's other rows divide its time by theirs.
     register_gpu(prefix + "baseline_bf16", [s](benchmark::State& st) { bm_baseline(st, s); });
     for (const row& r : rows)
-      register_gpu(prefix + r.name,
-                   [s, r](benchmark::State& st) { bm_lowbit(st, s, r.el, r.backend); });
+      if (r.only == nullptr || s.name() == r.only)
+        register_gpu(prefix + r.name,
+                     [s, r](benchmark::State& st) { bm_lowbit(st, s, r.el, r.backend); });
   }
 }
 
