@@ -32,7 +32,7 @@ enum class gemm_backend : std::uint8_t {
   automatic, // the fastest backend that takes these operands on this device (gemm.md's table)
   simt,      // CUDA cores, the CPU twin's summation order: bit-identical to the CPU twin
   cublaslt,  // cuBLASLt on the operands' own tensor cores (int8 IMMA, fp8 on sm_89+, 16-bit)
-  cutlass,   // CUTLASS on sm_90 (int8, 16-bit), the epilogue fused
+  cutlass,   // CUTLASS on sm_90 (int8, fp8, 16-bit), the epilogue fused
   widened,   // fp8 codes widened exactly to 16-bit values, then 16-bit tensor cores
 };
 
