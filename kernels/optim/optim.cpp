@@ -152,6 +152,109 @@ param_kind kind_of(dtype t) {
   }
 }
 
+// The checks of one tensor with their messages (called only when plainly_valid says no, so a
+// call over hundreds of valid tensors builds no message); throws lowbit::error.
+void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const optim_tensor& t,
+                  const device& dev) {
+  const char* sname[2] = {"state1", "state2"};
+  const char* aname[2] = {"absmax1", "absmax2"};
+  require_valid(t.param, at(j, "param").c_str());
+  require_valid(t.grad, at(j, "grad").c_str());
+  require_dtype(t.param, at(j, "param").c_str(), {dtype::float32, dtype::bfloat16, dtype::float16});
+  require(t.grad.type == t.param.type, errc::invalid_type,
+          at(j, "grad") + ": dtype " + dtype_name(t.grad.type) + " differs from the parameter's " +
+              dtype_name(t.param.type));
+  require_same_shape(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
+  require_contiguous(t.param, at(j, "param").c_str());
+  require_contiguous(t.grad, at(j, "grad").c_str());
+  require(t.param.dev == dev, errc::invalid_argument,
+          at(j, "param") + ": on " + device_name(t.param.dev) + ", tensors[0] on " +
+              device_name(dev) + "; every tensor of a step on one device");
+  require_same_device(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
+  const std::int64_t n = t.param.numel();
+  const std::int64_t blocks = blockwise_blocks(n, block);
+  bool eight_bit = false;
+  const tensor_view* st[2] = {&t.state1, &t.state2};
+  const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+  for (int k = 0; k < 2; ++k) {
+    const tensor_view& s = *st[k];
+    if (k >= ns) {
+      require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument,
+              at(j, sname[k]) + ": " + optimizer_name(o) + " keeps " + std::to_string(ns) +
+                  " state(s) here; leave " + sname[k] + " and " + aname[k] + " empty");
+      continue;
+    }
+    require_valid(s, at(j, sname[k]).c_str());
+    require(s.numel() == n, errc::invalid_argument,
+            at(j, sname[k]) + ": " + std::to_string(s.numel()) + " elements, the parameter " +
+                std::to_string(n));
+    require(n == 0 || s.data != nullptr, errc::invalid_argument,
+            at(j, sname[k]) + ": missing (" + optimizer_name(o) + " keeps " + std::to_string(ns) +
+                " state(s))");
+    require_dtype(s, at(j, sname[k]).c_str(), {dtype::float32, dtype::uint8});
+    require_contiguous(s, at(j, sname[k]).c_str());
+    require_same_device(t.param, at(j, "param").c_str(), s, at(j, sname[k]).c_str());
+    const bool eight = s.type == dtype::uint8;
+    if (k == 0)
+      eight_bit = eight;
+    require(eight == eight_bit, errc::invalid_argument,
+            at(j, sname[k]) + ": dtype " + dtype_name(s.type) + " but state1 is " +
+                (eight_bit ? "uint8" : "float32") + "; a tensor's states are of one kind");
+    if (eight) {
+      const tensor_view& a = *am[k];
+      require_valid(a, at(j, aname[k]).c_str());
+      require_dtype(a, at(j, aname[k]).c_str(), {dtype::float32});
+      require(a.numel() == blocks, errc::invalid_argument,
+              at(j, aname[k]) + ": " + std::to_string(a.numel()) + " elements; expected " +
+                  std::to_string(blocks) + " (one per block of " + std::to_string(block) + ")");
+      require_contiguous(a, at(j, aname[k]).c_str());
+      require_same_device(t.param, at(j, "param").c_str(), a, at(j, aname[k]).c_str());
+    } else {
+      require(am[k]->data == nullptr, errc::invalid_argument,
+              at(j, aname[k]) + ": 32-bit states have no absmax; leave it empty");
+    }
+  }
+}
+
+bool plainly_flat(const tensor_view& v) {
+  if (v.ndim < 0 || v.ndim > max_dims)
+    return false;
+  for (int k = 0; k < v.ndim; ++k)
+    if (v.shape[static_cast<std::size_t>(k)] < 0)
+      return false;
+  return (v.numel() == 0 || v.data != nullptr) && v.is_contiguous();
+}
+
+// Whether check_tensor would pass, without building a message.
+bool plainly_valid(const optim_tensor& t, int ns, std::int64_t block, const device& dev) {
+  const tensor_view& pv = t.param;
+  if (!plainly_flat(pv) || !plainly_flat(t.grad) || t.grad.type != pv.type ||
+      !pv.same_shape(t.grad) || pv.dev != dev || t.grad.dev != dev)
+    return false;
+  if (pv.type != dtype::float32 && pv.type != dtype::bfloat16 && pv.type != dtype::float16)
+    return false;
+  const std::int64_t n = pv.numel(), blocks = blockwise_blocks(n, block);
+  const bool eight = ns > 0 && t.state1.type == dtype::uint8;
+  const tensor_view* st[2] = {&t.state1, &t.state2};
+  const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+  for (int k = 0; k < 2; ++k) {
+    const tensor_view &s = *st[k], &a = *am[k];
+    if (k >= ns) {
+      if (s.data != nullptr || a.data != nullptr)
+        return false;
+      continue;
+    }
+    if (!plainly_flat(s) || s.numel() != n || (n > 0 && s.data == nullptr) || s.dev != dev ||
+        s.type != (eight ? dtype::uint8 : dtype::float32))
+      return false;
+    if (eight
+            ? (!plainly_flat(a) || a.type != dtype::float32 || a.numel() != blocks || a.dev != dev)
+            : a.data != nullptr)
+      return false;
+  }
+  return true;
+}
+
 } // namespace
 
 void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* tensors,
@@ -180,26 +283,16 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   const int ns = p.sh.states;
 
   bool any = false;
+  const char* sname[2] = {"state1", "state2"};
+  const char* aname[2] = {"absmax1", "absmax2"};
   for (std::int64_t j = 0; j < count; ++j) {
     const optim_tensor& t = tensors[j];
-    require_valid(t.param, at(j, "param").c_str());
-    require_valid(t.grad, at(j, "grad").c_str());
-    require_dtype(t.param, at(j, "param").c_str(),
-                  {dtype::float32, dtype::bfloat16, dtype::float16});
-    require(t.grad.type == t.param.type, errc::invalid_type,
-            at(j, "grad") + ": dtype " + dtype_name(t.grad.type) +
-                " differs from the parameter's " + dtype_name(t.param.type));
-    require_same_shape(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
-    require_contiguous(t.param, at(j, "param").c_str());
-    require_contiguous(t.grad, at(j, "grad").c_str());
     if (!any) {
       p.dev = t.param.dev;
       any = true;
     }
-    require(t.param.dev == p.dev, errc::invalid_argument,
-            at(j, "param") + ": on " + device_name(t.param.dev) + ", tensors[0] on " +
-                device_name(p.dev) + "; every tensor of a step on one device");
-    require_same_device(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
+    if (!plainly_valid(t, ns, cfg.block, p.dev))
+      check_tensor(o, ns, cfg.block, j, t, p.dev); // throws, naming what is wrong
     const std::int64_t n = t.param.numel();
     const std::int64_t blocks = blockwise_blocks(n, cfg.block);
     optim_item it;
@@ -208,50 +301,10 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     it.n = n;
     it.block0 = p.total_blocks;
     it.ptype = kind_of(t.param.type);
+    it.eight_bit = ns > 0 && t.state1.type == dtype::uint8;
     const tensor_view* st[2] = {&t.state1, &t.state2};
     const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
-    const char* sname[2] = {"state1", "state2"};
-    const char* aname[2] = {"absmax1", "absmax2"};
-    for (int k = 0; k < 2; ++k) {
-      const tensor_view& s = *st[k];
-      if (k >= ns) {
-        require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument,
-                at(j, sname[k]) + ": " + optimizer_name(o) + " keeps " + std::to_string(ns) +
-                    " state(s) here; leave " + sname[k] + " and " + aname[k] + " empty");
-        continue;
-      }
-      require_valid(s, at(j, sname[k]).c_str());
-      require(s.numel() == n, errc::invalid_argument,
-              at(j, sname[k]) + ": " + std::to_string(s.numel()) + " elements, the parameter " +
-                  std::to_string(n));
-      require(n == 0 || s.data != nullptr, errc::invalid_argument,
-              at(j, sname[k]) + ": missing (" + optimizer_name(o) + " keeps " + std::to_string(ns) +
-                  " state(s))");
-      require_dtype(s, at(j, sname[k]).c_str(), {dtype::float32, dtype::uint8});
-      require_contiguous(s, at(j, sname[k]).c_str());
-      require_same_device(t.param, at(j, "param").c_str(), s, at(j, sname[k]).c_str());
-      const bool eight = s.type == dtype::uint8;
-      if (k == 0)
-        it.eight_bit = eight;
-      require(eight == it.eight_bit, errc::invalid_argument,
-              at(j, sname[k]) + ": dtype " + dtype_name(s.type) + " but state1 is " +
-                  (it.eight_bit ? "uint8" : "float32") + "; a tensor's states are of one kind");
-      if (eight) {
-        const tensor_view& a = *am[k];
-        require_valid(a, at(j, aname[k]).c_str());
-        require_dtype(a, at(j, aname[k]).c_str(), {dtype::float32});
-        require(a.numel() == blocks, errc::invalid_argument,
-                at(j, aname[k]) + ": " + std::to_string(a.numel()) + " elements; expected " +
-                    std::to_string(blocks) + " (one per block of " + std::to_string(cfg.block) +
-                    ")");
-        require_contiguous(a, at(j, aname[k]).c_str());
-        require_same_device(t.param, at(j, "param").c_str(), a, at(j, aname[k]).c_str());
-      } else {
-        require(am[k]->data == nullptr, errc::invalid_argument,
-                at(j, aname[k]) + ": 32-bit states have no absmax; leave it empty");
-      }
-    }
-    if (p.dev.type == device_type::cuda && n > 0) {
+    if (cfg.check_device_memory && p.dev.type == device_type::cuda && n > 0) {
       const std::string pn = at(j, "param"), gn = at(j, "grad");
       require_device_memory({&t.param, &t.grad}, {pn.c_str(), gn.c_str()});
       for (int k = 0; k < ns; ++k) {
@@ -280,7 +333,7 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     if (any)
       require(skipped.dev == p.dev, errc::invalid_argument,
               "skipped: on " + device_name(skipped.dev) + ", the tensors on " + device_name(p.dev));
-    if (skipped.dev.type == device_type::cuda && count > 0)
+    if (cfg.check_device_memory && skipped.dev.type == device_type::cuda && count > 0)
       require_device_memory({&skipped}, {"skipped"});
     p.skipped = skipped.ptr<std::int64_t>();
   }

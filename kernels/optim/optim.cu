@@ -1,10 +1,10 @@
 // CUDA kernel of the fused optimizer steps: one launch over the work blocks of every tensor of
-// the call (a multi-tensor step), a CUDA block of 256 threads per work block in a grid-stride
-// loop, the codebooks' search tables in shared memory loaded once per CUDA block. Per work block:
-// parameter, gradient and states read once, updated in registers by optim_ops.hpp, the block's
-// skip decision and state absmax reduced, then everything written once. StableAdamW runs two
-// small kernels first (the RMS partial of each work block, then each tensor's eta) in the tree
-// that optim_cpu.cpp mirrors.
+// the call (a multi-tensor step); each CUDA block of 256 threads takes a contiguous range of
+// work blocks, one at a time, with the codebooks' search tables in shared memory loaded once.
+// Per work block: parameter, gradient and states read once, updated in registers by
+// optim_ops.hpp, the block's skip decision and state absmax reduced, then everything written
+// once. StableAdamW runs two small kernels first (the RMS partial of each work block, then each
+// tensor's eta) in the tree that optim_cpu.cpp mirrors.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -33,6 +33,25 @@ __device__ std::int64_t tensor_of(const optim_item* items, std::int64_t count, s
   }
   return lo;
 }
+
+// The work blocks of this CUDA block: a contiguous range, so that the tensor of each is found by
+// one search at the start and then by stepping forward (the order of work blocks changes no
+// result: each is computed alone).
+struct work_range {
+  std::int64_t first, last, j;
+  __device__ static work_range of(const optim_item* items, std::int64_t count, std::int64_t total) {
+    const std::int64_t per = (total + gridDim.x - 1) / gridDim.x;
+    const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * per;
+    const std::int64_t last = min(total, first + per);
+    return {first, last, first < last ? tensor_of(items, count, first) : 0};
+  }
+  __device__ std::int64_t advance(const optim_item* items, std::int64_t count, std::int64_t j,
+                                  std::int64_t wb) const {
+    while (j + 1 < count && items[j + 1].block0 <= wb)
+      ++j;
+    return j;
+  }
+};
 
 __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
   const auto* s = reinterpret_cast<const float*>(src);
@@ -83,8 +102,11 @@ __global__ void __launch_bounds__(optim_threads)
   __shared__ bops::tables tb[2];
   __shared__ float red[warps];
   load_tables(tabs, tb);
-  for (std::int64_t wb = blockIdx.x; wb < total; wb += gridDim.x) {
-    const optim_item it = items[tensor_of(items, count, wb)];
+  const work_range r = work_range::of(items, count, total);
+  std::int64_t j = r.j;
+  for (std::int64_t wb = r.first; wb < r.last; ++wb) {
+    j = r.advance(items, count, j, wb);
+    const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);
     float s = 0.0f;
@@ -153,8 +175,10 @@ __global__ void __launch_bounds__(optim_threads)
   const int ns = sh.states;
   const int t0 = d::state_signed(sh.kind, 0) ? 0 : 1;
   const int t1 = d::state_signed(sh.kind, 1) ? 0 : 1;
-  for (std::int64_t wb = blockIdx.x; wb < total; wb += gridDim.x) {
-    const std::int64_t j = tensor_of(items, count, wb);
+  const work_range r = work_range::of(items, count, total);
+  std::int64_t j = r.j;
+  for (std::int64_t wb = r.first; wb < r.last; ++wb) {
+    j = r.advance(items, count, j, wb);
     const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);

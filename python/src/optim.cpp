@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <lowbit/emu/error.hpp>
@@ -118,9 +119,86 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
   return py::none();
 }
 
+// The torch layer's entry: tensors as raw fields, read from torch tensors it owns (contiguous,
+// on `device`, the current CUDA device for CUDA): per tensor (param, grad, state1, state2,
+// absmax1, absmax2 data pointers, 0 for none; numel; dtype code 0 float32, 1 bfloat16,
+// 2 float16; eight_bit). One DLPack exchange per tensor costs microseconds, which for the
+// hundreds of tensors of a model would outweigh the step itself.
+using raw_item = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
+                            std::uintptr_t, std::uintptr_t, std::int64_t, int, bool>;
+
+py::object optimizer_step_raw(const std::string& optimizer, const std::vector<raw_item>& items,
+                              int device_type, int device_index, double lr, double beta1,
+                              double beta2, double eps, double weight_decay, double momentum,
+                              double dampening, bool nesterov, double lr_decay, bool maximize,
+                              std::int64_t step, std::uintptr_t skipped, std::int64_t block,
+                              const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
+                              std::int64_t threads, std::uintptr_t stream) {
+  const k::optimizer o = parse_optimizer(optimizer);
+  k::optim_hparams h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.momentum = momentum;
+  h.dampening = dampening;
+  h.nesterov = nesterov;
+  h.lr_decay = lr_decay;
+  h.maximize = maximize;
+  h.step = step;
+  k::optim_config cfg;
+  cfg.block = block;
+  cfg.rounding = parse_rounding(rounding);
+  cfg.seed = seed;
+  cfg.offset = offset;
+  cfg.check_device_memory = false;
+  const k::exec ex = exec_of(threads, stream);
+  if (device_type != 0 && device_type != 1)
+    fail(errc::invalid_argument, "device_type: expected 0 (cpu) or 1 (cuda)");
+  const k::device dev{device_type == 1 ? k::device_type::cuda : k::device_type::cpu, device_index};
+  const auto view = [&](std::uintptr_t ptr, dtype t, std::int64_t n) {
+    if (ptr == 0)
+      return k::tensor_view{};
+    return k::tensor_view::contiguous(reinterpret_cast<void*>(ptr), t, {n}, dev);
+  };
+  std::vector<k::optim_tensor> views;
+  views.reserve(items.size());
+  for (const raw_item& it : items) {
+    const auto [pp, gp, s1, s2, a1, a2, n, code, eight] = it;
+    if (code < 0 || code > 2 || n < 0)
+      fail(errc::invalid_argument, "optimizer_step_raw: bad dtype code or element count");
+    const dtype pt = code == 0 ? dtype::float32 : (code == 1 ? dtype::bfloat16 : dtype::float16);
+    const dtype st = eight ? dtype::uint8 : dtype::float32;
+    const std::int64_t blocks = k::blockwise_blocks(n, block < 1 ? 1 : block);
+    k::optim_tensor t;
+    t.param = view(pp, pt, n);
+    t.grad = view(gp, pt, n);
+    t.state1 = view(s1, st, n);
+    t.state2 = view(s2, st, n);
+    t.absmax1 = view(a1, dtype::float32, blocks);
+    t.absmax2 = view(a2, dtype::float32, blocks);
+    views.push_back(t);
+  }
+  const k::tensor_view sv = view(skipped, dtype::int64, static_cast<std::int64_t>(items.size()));
+  {
+    py::gil_scoped_release no_gil;
+    k::optimizer_step(o, h, views.data(), static_cast<std::int64_t>(views.size()), sv, cfg, ex);
+  }
+  return py::none();
+}
+
 } // namespace
 
 void bind_optim(py::module_& m) {
+  m.def("optimizer_step_raw", &optimizer_step_raw, py::arg("optimizer"), py::arg("items"),
+        py::arg("device_type"), py::arg("device_index"), py::arg("lr"), py::arg("beta1"),
+        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("momentum"),
+        py::arg("dampening"), py::arg("nesterov"), py::arg("lr_decay"), py::arg("maximize"),
+        py::arg("step"), py::arg("skipped"), py::arg("block"), py::arg("rounding"), py::arg("seed"),
+        py::arg("offset"), py::arg("threads"), py::arg("stream"),
+        "optimizer_step over raw data pointers of contiguous tensors the caller owns (the torch "
+        "layer's fast path; no DLPack exchange, no device-memory query).");
   m.def("optimizer_step", &optimizer_step, py::arg("optimizer"), py::arg("tensors"), py::arg("lr"),
         py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
         py::arg("momentum"), py::arg("dampening"), py::arg("nesterov"), py::arg("lr_decay"),

@@ -23,6 +23,7 @@ from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
 __all__ = ["LowbitOptimizer", "override"]
 
 _OVERRIDE_ATTR = "_lowbit_optim"
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def override(param: torch.Tensor, **config: Any) -> torch.Tensor:
@@ -161,14 +162,16 @@ class LowbitOptimizer(torch.optim.Optimizer):
         hp = self._hparams(group)
         ns = self._n_states(group)
         # One call per (device, step): a group's parameters normally share both.
-        buckets: dict[tuple[Any, int], list[tuple[torch.Tensor, ...]]] = {}
+        buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
+        keep: list[torch.Tensor] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         for p in group["params"]:
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            code = _DTYPE_CODES.get(p.dtype)
+            if code is None:
                 raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
                                 "supported; expected float32, bfloat16 or float16")
             st = self.state[p]
@@ -180,34 +183,60 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 param = param.contiguous()
                 copies.append((p, param))
             grad = p.grad
+            if grad.device != p.device:
+                raise RuntimeError(f"{type(self).__name__}: a gradient on {grad.device} for a "
+                                   f"parameter on {p.device}")
             if grad.dtype != p.dtype:
                 grad = grad.to(p.dtype)
             grad = grad.contiguous()
-            states: list[Optional[torch.Tensor]] = [None, None, None, None]
+            keep += [param, grad]
+            ptrs = [0, 0, 0, 0]
+            eight = False
             for k, (name, _) in enumerate(self._states[:ns]):
-                states[k] = st[name]
-                if st[name].dtype == torch.uint8:
-                    states[2 + k] = st[name + "_absmax"]
-            key = (p.device, st["step"])
-            buckets.setdefault(key, []).append((param, grad, *states))
-        for (device, step), tensors in buckets.items():
-            skipped = torch.zeros(len(tensors), dtype=torch.int64, device=device)
-            stream = 0
+                s_k = st[name]
+                if s_k.device != p.device or not s_k.is_contiguous() or \
+                        s_k.numel() != p.numel():
+                    raise RuntimeError(f"{type(self).__name__}: state '{name}' of a parameter "
+                                       "is not a contiguous tensor of its size on its device")
+                ptrs[k] = s_k.data_ptr()
+                if s_k.dtype == torch.uint8:
+                    eight = True
+                    a_k = st[name + "_absmax"]
+                    if a_k.dtype != torch.float32 or not a_k.is_contiguous() or \
+                            a_k.numel() != self._blocks(p) or a_k.device != p.device:
+                        raise RuntimeError(f"{type(self).__name__}: '{name}_absmax' of a "
+                                           "parameter is not float32 with one value per block")
+                    ptrs[2 + k] = a_k.data_ptr()
+                elif s_k.dtype != torch.float32:
+                    raise RuntimeError(f"{type(self).__name__}: state '{name}' has dtype "
+                                       f"{s_k.dtype}; expected float32 or uint8")
+            item = (param.data_ptr(), grad.data_ptr(), *ptrs, p.numel(), code, eight)
+            buckets.setdefault((p.device, st["step"]), []).append(item)
+        rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
+        for (device, step), items in buckets.items():
+            skipped = torch.zeros(len(items), dtype=torch.int64, device=device)
+            args = (self._kernel, items, 1 if device.type == "cuda" else 0, device.index or 0,
+                    hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
+                    hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
+                    hp.get("dampening", 0.0), hp.get("nesterov", False), hp.get("lr_decay", 0.0),
+                    hp.get("maximize", False), step, skipped.data_ptr(), self.block_size,
+                    rounding, self.seed, self.rng_offset, 0)
             if device.type == "cuda":
-                stream = int(torch.cuda.current_stream(device).cuda_stream)
-            _core.optimizer_step(
-                self._kernel, tensors, hp.get("lr", 0.0), hp.get("beta1", 0.0),
-                hp.get("beta2", 0.0), hp.get("eps", 0.0), hp.get("weight_decay", 0.0),
-                hp.get("momentum", 0.0), hp.get("dampening", 0.0), hp.get("nesterov", False),
-                hp.get("lr_decay", 0.0), hp.get("maximize", False), step, skipped,
-                self.block_size, "stochastic" if self.stochastic_rounding else
-                "nearest_toward_zero", self.seed, self.rng_offset, 0, stream)
-            self.rng_offset += 2 * len(tensors)
+                with torch.cuda.device(device):
+                    _core.optimizer_step_raw(
+                        *args, int(torch.cuda.current_stream(device).cuda_stream))
+            elif device.type == "cpu":
+                _core.optimizer_step_raw(*args, 0)
+            else:
+                raise RuntimeError(f"{type(self).__name__}: parameters on {device} are not "
+                                   "supported (CPU and CUDA only)")
+            self.rng_offset += 2 * len(items)
             total = skipped.sum()
             self.skipped_blocks = self.skipped_blocks + (
                 int(total) if device.type == "cpu" else total)
         for p, param in copies:
             p.copy_(param)
+        del keep
 
     # ---- state_dict ------------------------------------------------------------------------
 

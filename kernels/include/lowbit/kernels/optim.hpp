@@ -58,6 +58,9 @@ struct optim_config {
   // Stochastic rounding: element i of state k (0, 1) of tensor j draws
   // random_stream{seed, offset + 2 j + k}.bits(i); callers advance offset by 2 * count per step.
   std::uint64_t seed = 0, offset = 0;
+  // false: the caller vouches that CUDA views point to memory of the current device (the torch
+  // layer, whose tensors say so), which saves a runtime query per tensor and call.
+  bool check_device_memory = true;
 };
 
 // Updates count tensors in place. A block (the block elements of one tensor that share an
