@@ -410,3 +410,57 @@ def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
         with torch.no_grad():
             for a, b in zip(cpu.parameters(), gpu.parameters()):
                 a.copy_(b.cpu())
+
+
+# ---- the general entry and GradScaler -----------------------------------------------------------
+
+def test_dlpack_entry_equals_the_torch_layer():
+    """lowbit._core.optimizer_step (DLPack tensors and numpy arrays) computes what the optimizer
+    classes compute through raw pointers."""
+    import lowbit._core as core
+
+    g = torch.Generator().manual_seed(12)
+    p = torch.nn.Parameter(torch.randn(5000, generator=g))
+    grad = torch.randn(5000, generator=g)
+    p.grad = grad.clone()
+    opt = lo.AdamW8bit([p], lr=1e-2, weight_decay=0.1)
+    pn = p.detach().numpy().copy()
+    opt.step()
+    from lowbit.optim._base import _codebook
+
+    m = np.full(5000, _codebook(True)[1], np.uint8)
+    v = np.full(5000, _codebook(False)[1], np.uint8)
+    am, av = np.zeros(20, np.float32), np.zeros(20, np.float32)
+    skipped = np.zeros(1, np.int64)
+    core.optimizer_step("adamw", [(pn, grad.numpy(), m, v, am, av)], 1e-2, 0.9, 0.999, 1e-8,
+                        0.1, 0.0, 0.0, False, 0.0, False, 1, skipped, 256,
+                        "nearest_toward_zero", 0, 0, 0, 0)
+    assert np.array_equal(pn, p.detach().numpy())
+    assert np.array_equal(m, opt.state[p]["exp_avg"].numpy())
+    assert np.array_equal(av, opt.state[p]["exp_avg_sq_absmax"].numpy())
+    with pytest.raises(TypeError, match=r"tensors\[0\]\.grad"):
+        core.optimizer_step("adamw", [(pn, grad.numpy().astype(np.float16), m, v, am, av)],
+                            1e-2, 0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0, False, 1, None,
+                            256, "nearest_toward_zero", 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="optimizer 'adamax'"):
+        core.optimizer_step("adamax", [], 1e-2, 0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0,
+                            False, 1, None, 256, "nearest_toward_zero", 0, 0, 0, 0)
+
+
+def test_grad_scaler_skips_steps_with_inf_and_steps_otherwise():
+    model = _mlp(6)
+    opt = lo.AdamW8bit(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    x = torch.randn(8, 32)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    scaler.scale((model(x) * float("inf")).sum()).backward()
+    scaler.step(opt)  # inf gradients: GradScaler skips the step
+    scaler.update()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    opt.zero_grad()
+    scaler.scale(model(x).pow(2).mean()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.skipped_blocks == 0
