@@ -24,8 +24,10 @@ import lowbit.optim as lo
 
 # Bytes one step moves per parameter (float32 parameters, 8-bit states in blocks of 256; tensors
 # below 4096 elements keep 32-bit states and are counted as such): docs/techniques/optimizers.md.
-MOVED = {"lowbit AdamW (32-bit)": (28.0, 28.0), "lowbit AdamW8bit": (16.0 + 16 / 256, 28.0),
-         "lowbit StableAdamW8bit": (21.0 + 20 / 256, 33.0), "lowbit Lion8bit": (14.0 + 8 / 256, 20.0)}
+MOVED = {"lowbit AdamW (32-bit)": (28.0, 28.0),
+         "lowbit AdamW8bit": (16.0 + 16 / 256, 28.0),
+         "lowbit StableAdamW8bit": (21.0 + 20 / 256, 33.0),
+         "lowbit Lion8bit": (14.0 + 8 / 256, 20.0)}
 
 
 def shapes(layers: int) -> list[tuple[int, ...]]:

@@ -19,7 +19,8 @@ __all__ = [
 def _check(name: str, value: float, lo: float, hi: float, hi_open: bool = True) -> None:
     ok = lo <= value < hi if hi_open else lo <= value <= hi
     if not ok:
-        raise ValueError(f"invalid {name}: {value!r} (expected [{lo}, {hi}{')' if hi_open else ']'})")
+        close = ")" if hi_open else "]"
+        raise ValueError(f"invalid {name}: {value!r} (expected [{lo}, {hi}{close})")
 
 
 def _lr(lr: Any) -> None:
