@@ -216,6 +216,18 @@ void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const
   }
 }
 
+// The dynamic tree maps' search tables, built once per process.
+const blockwise_ops::tables& dynamic_tables(bool is_signed) {
+  const auto make = [](bool sg) {
+    blockwise_ops::tables t;
+    const codebook cb = codebook::dynamic_tree(sg);
+    blockwise_ops::prepare(cb.values().data(), t);
+    return t;
+  };
+  static const blockwise_ops::tables signed_tables = make(true), unsigned_tables = make(false);
+  return is_signed ? signed_tables : unsigned_tables;
+}
+
 bool plainly_flat(const tensor_view& v) {
   if (v.ndim < 0 || v.ndim > max_dims)
     return false;
@@ -339,9 +351,8 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   }
   if (p.total_blocks == 0)
     return;
-  const codebook s = codebook::dynamic_tree(true), u = codebook::dynamic_tree(false);
-  blockwise_ops::prepare(s.values().data(), p.tb_signed);
-  blockwise_ops::prepare(u.values().data(), p.tb_unsigned);
+  p.tb_signed = dynamic_tables(true);
+  p.tb_unsigned = dynamic_tables(false);
   if (p.dev.type == device_type::cuda) {
     cuda::optimizer_step(p, ex);
     return;

@@ -82,6 +82,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         # The Philox offset of stochastic rounding, advanced by every call (saved in state_dict).
         self.rng_offset = 0
         self.skipped_blocks = 0  # blocks left untouched for NaN/Inf, all steps so far
+        # Per parameter: its state tensors and their checked pointers (_state_fields).
+        self._fields: dict[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]] = {}
 
     # ---- the kernel's hyper-parameters (subclasses) ----------------------------------------
 
@@ -190,26 +192,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 grad = grad.to(p.dtype)
             grad = grad.contiguous()
             keep += [param, grad]
-            ptrs = [0, 0, 0, 0]
-            eight = False
-            for k, (name, _) in enumerate(self._states[:ns]):
-                s_k = st[name]
-                if s_k.device != p.device or not s_k.is_contiguous() or \
-                        s_k.numel() != p.numel():
-                    raise RuntimeError(f"{type(self).__name__}: state '{name}' of a parameter "
-                                       "is not a contiguous tensor of its size on its device")
-                ptrs[k] = s_k.data_ptr()
-                if s_k.dtype == torch.uint8:
-                    eight = True
-                    a_k = st[name + "_absmax"]
-                    if a_k.dtype != torch.float32 or not a_k.is_contiguous() or \
-                            a_k.numel() != self._blocks(p) or a_k.device != p.device:
-                        raise RuntimeError(f"{type(self).__name__}: '{name}_absmax' of a "
-                                           "parameter is not float32 with one value per block")
-                    ptrs[2 + k] = a_k.data_ptr()
-                elif s_k.dtype != torch.float32:
-                    raise RuntimeError(f"{type(self).__name__}: state '{name}' has dtype "
-                                       f"{s_k.dtype}; expected float32 or uint8")
+            names = self._states[:ns]
+            objs = tuple(st[name] for name, _ in names)
+            cached = self._fields.get(p)
+            if cached is None or len(cached[0]) != len(objs) or \
+                    any(a is not b for a, b in zip(cached[0], objs)):
+                cached = (objs, self._state_fields(p, st, names))
+                self._fields[p] = cached
+            ptrs, eight = cached[1]
             item = (param.data_ptr(), grad.data_ptr(), *ptrs, p.numel(), code, eight)
             buckets.setdefault((p.device, st["step"]), []).append(item)
         rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
@@ -237,6 +227,33 @@ class LowbitOptimizer(torch.optim.Optimizer):
         for p, param in copies:
             p.copy_(param)
         del keep
+
+    def _state_fields(self, p: torch.Tensor, st: dict[str, Any],
+                      names: tuple[tuple[str, bool], ...]) -> tuple[list[int], bool]:
+        """The states' data pointers (and whether they are 8-bit), checked; cached per
+        parameter while its state tensors stay the same objects."""
+        ptrs = [0, 0, 0, 0]
+        eight = False
+        for k, (name, _) in enumerate(names):
+            s_k = st[name]
+            if s_k.device != p.device or not s_k.is_contiguous() or s_k.numel() != p.numel():
+                raise RuntimeError(f"{type(self).__name__}: state '{name}' of a parameter "
+                                   "is not a contiguous tensor of its size on its device")
+            ptrs[k] = s_k.data_ptr()
+            if s_k.dtype == torch.uint8:
+                eight = True
+                a_k = st[name + "_absmax"]
+                if a_k.dtype != torch.float32 or not a_k.is_contiguous() or \
+                        a_k.numel() != self._blocks(p) or a_k.device != p.device:
+                    raise RuntimeError(f"{type(self).__name__}: '{name}_absmax' of a "
+                                       "parameter is not float32 with one value per block")
+                ptrs[2 + k] = a_k.data_ptr()
+            elif s_k.dtype != torch.float32:
+                raise RuntimeError(f"{type(self).__name__}: state '{name}' has dtype "
+                                   f"{s_k.dtype}; expected float32 or uint8")
+        if eight and not all(st[name].dtype == torch.uint8 for name, _ in names):
+            raise RuntimeError(f"{type(self).__name__}: a parameter's states mix 8 and 32 bits")
+        return ptrs, eight
 
     # ---- state_dict ------------------------------------------------------------------------
 
