@@ -102,10 +102,10 @@ __global__ void __launch_bounds__(optim_threads)
   __shared__ bops::tables tb[2];
   __shared__ float red[warps];
   load_tables(tabs, tb);
-  const work_range r = work_range::of(items, count, total);
-  std::int64_t j = r.j;
-  for (std::int64_t wb = r.first; wb < r.last; ++wb) {
-    j = r.advance(items, count, j, wb);
+  const work_range range = work_range::of(items, count, total);
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
+    j = range.advance(items, count, j, wb);
     const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);
@@ -165,6 +165,40 @@ __global__ void __launch_bounds__(optim_threads)
   }
 }
 
+// Writes state q of one work block: float32 values, or the block's absmax and codes. Takes the
+// thread's values as an array reference, so that after inlining they stay in registers.
+template <int EPT>
+__device__ __forceinline__ void store_state(const float (&sv)[EPT], int q, const optim_item& it,
+                                            std::int64_t j, std::int64_t b, std::int64_t i0,
+                                            std::int64_t end, const optim_shared& sh,
+                                            const bops::tables& tq, std::uint32_t* red) {
+  void* dst = q == 0 ? it.s1 : it.s2;
+  if (!it.eight_bit) {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      if (i < end)
+        static_cast<float*>(dst)[i] = sv[k];
+    }
+    return;
+  }
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < EPT; ++k)
+    m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
+  const std::uint32_t amax = block_max(m, red);
+  if (threadIdx.x == 0)
+    (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
+#pragma unroll
+  for (int k = 0; k < EPT; ++k) {
+    const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+    if (i < end) {
+      const std::uint32_t rb = sh.stochastic ? d::random_bits(sh, j, q, i) : 0u;
+      static_cast<std::uint8_t*>(dst)[i] = d::encode_state(tq, sv[k], amax, sh.stochastic, rb);
+    }
+  }
+}
+
 template <int EPT>
 __global__ void __launch_bounds__(optim_threads)
     step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
@@ -175,10 +209,10 @@ __global__ void __launch_bounds__(optim_threads)
   const int ns = sh.states;
   const int t0 = d::state_signed(sh.kind, 0) ? 0 : 1;
   const int t1 = d::state_signed(sh.kind, 1) ? 0 : 1;
-  const work_range r = work_range::of(items, count, total);
-  std::int64_t j = r.j;
-  for (std::int64_t wb = r.first; wb < r.last; ++wb) {
-    j = r.advance(items, count, j, wb);
+  const work_range range = work_range::of(items, count, total);
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
+    j = range.advance(items, count, j, wb);
     const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);
@@ -198,12 +232,12 @@ __global__ void __launch_bounds__(optim_threads)
         const float g = d::load_param(it.ptype, it.grad, i);
         const float a = ns > 0 ? d::load_state(it, 0, tb[t0].value, i, b) : 0.0f;
         const float c = ns > 1 ? d::load_state(it, 1, tb[t1].value, i, b) : 0.0f;
-        const optim_ops::result r = d::update(sh, eta, decay, p0, g, a, c);
-        np[k] = r.p;
-        s1[k] = r.s1;
-        s2[k] = r.s2;
-        bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it.ptype, r.p)) |
-               (ns > 0 && !optim_ops::finite(r.s1)) | (ns > 1 && !optim_ops::finite(r.s2));
+        const optim_ops::result res = d::update(sh, eta, decay, p0, g, a, c);
+        np[k] = res.p;
+        s1[k] = res.s1;
+        s2[k] = res.s2;
+        bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it.ptype, res.p)) |
+               (ns > 0 && !optim_ops::finite(res.s1)) | (ns > 1 && !optim_ops::finite(res.s2));
       }
     }
     if (__syncthreads_or(bad) != 0) {
@@ -217,35 +251,10 @@ __global__ void __launch_bounds__(optim_threads)
       if (i < end)
         d::store_param(it.ptype, it.param, i, np[k]);
     }
-    for (int q = 0; q < ns; ++q) {
-      const float* sv = q == 0 ? s1 : s2;
-      void* dst = q == 0 ? it.s1 : it.s2;
-      if (!it.eight_bit) {
-#pragma unroll
-        for (int k = 0; k < EPT; ++k) {
-          const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
-          if (i < end)
-            static_cast<float*>(dst)[i] = sv[k];
-        }
-        continue;
-      }
-      std::uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < EPT; ++k)
-        m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
-      const std::uint32_t amax = block_max(m, red);
-      if (threadIdx.x == 0)
-        (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
-      const bops::tables& tq = tb[q == 0 ? t0 : t1];
-#pragma unroll
-      for (int k = 0; k < EPT; ++k) {
-        const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
-        if (i < end) {
-          const std::uint32_t rb = sh.stochastic ? d::random_bits(sh, j, q, i) : 0u;
-          static_cast<std::uint8_t*>(dst)[i] = d::encode_state(tq, sv[k], amax, sh.stochastic, rb);
-        }
-      }
-    }
+    if (ns > 0)
+      store_state<EPT>(s1, 0, it, j, b, i0, end, sh, tb[t0], red);
+    if (ns > 1)
+      store_state<EPT>(s2, 1, it, j, b, i0, end, sh, tb[t1], red);
   }
 }
 
