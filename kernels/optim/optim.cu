@@ -1,10 +1,11 @@
 // CUDA kernel of the fused optimizer steps: one launch over the work blocks of every tensor of
 // the call (a multi-tensor step); each CUDA block of 256 threads takes a contiguous range of
-// work blocks, one at a time, with the codebooks' search tables in shared memory loaded once.
-// Per work block: parameter, gradient and states read once, updated in registers by
-// optim_ops.hpp, the block's skip decision and state absmax reduced, then everything written
-// once. StableAdamW runs two small kernels first (the RMS partial of each work block, then each
-// tensor's eta) in the tree that optim_cpu.cpp mirrors.
+// work blocks, one at a time, with the codebooks' search and bucket tables in shared memory
+// loaded once (the nearest entry found through the buckets of blockwise_ops.hpp, which equal the
+// CPU twin's binary search for every |t| <= 1). Per work block: parameter, gradient and states read
+// once, updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced,
+// then everything written once. StableAdamW runs two small kernels first (the RMS partial of each
+// work block, then each tensor's eta) in the tree that optim_cpu.cpp mirrors.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -168,10 +169,10 @@ __global__ void __launch_bounds__(optim_threads)
 // Writes state q of one work block: float32 values, or the block's absmax and codes. Takes the
 // thread's values as an array reference, so that after inlining they stay in registers.
 template <int EPT>
-__device__ __forceinline__ void store_state(const float (&sv)[EPT], int q, const optim_item& it,
-                                            std::int64_t j, std::int64_t b, std::int64_t i0,
-                                            std::int64_t end, const optim_shared& sh,
-                                            const bops::tables& tq, std::uint32_t* red) {
+__device__ __forceinline__ void
+store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j, std::int64_t b,
+            std::int64_t i0, std::int64_t end, const optim_shared& sh, const bops::tables& tq,
+            const std::uint32_t* bq, std::uint32_t* red) {
   void* dst = q == 0 ? it.s1 : it.s2;
   if (!it.eight_bit) {
 #pragma unroll
@@ -193,8 +194,14 @@ __device__ __forceinline__ void store_state(const float (&sv)[EPT], int q, const
   for (int k = 0; k < EPT; ++k) {
     const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
     if (i < end) {
-      const std::uint32_t rb = sh.stochastic ? d::random_bits(sh, j, q, i) : 0u;
-      static_cast<std::uint8_t*>(dst)[i] = d::encode_state(tq, sv[k], amax, sh.stochastic, rb);
+      std::uint8_t code;
+      if (sh.stochastic) {
+        code = d::encode_state(tq, sv[k], amax, true, d::random_bits(sh, j, q, i));
+      } else { // |t| <= 1, not NaN: the bucket search equals nearest_index
+        const float t = bops::normalized(sv[k], amax);
+        code = static_cast<std::uint8_t>(bops::nearest_by_buckets(bq, tq.sum_hi, tq.sum_lo, t));
+      }
+      static_cast<std::uint8_t*>(dst)[i] = code;
     }
   }
 }
@@ -202,10 +209,14 @@ __device__ __forceinline__ void store_state(const float (&sv)[EPT], int q, const
 template <int EPT>
 __global__ void __launch_bounds__(optim_threads)
     step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
-                const bops::tables* tabs, const float* eta_decay, std::int64_t* skipped) {
+                const bops::tables* tabs, const std::uint32_t* bks, const float* eta_decay,
+                std::int64_t* skipped) {
   __shared__ bops::tables tb[2]; // signed, unsigned
+  __shared__ std::uint32_t bk[2][bops::bucket_count];
   __shared__ std::uint32_t red[warps];
-  load_tables(tabs, tb);
+  for (int k = threadIdx.x; k < 2 * static_cast<int>(bops::bucket_count); k += blockDim.x)
+    (&bk[0][0])[k] = bks[k];
+  load_tables(tabs, tb); // synchronizes
   const int ns = sh.states;
   const int t0 = d::state_signed(sh.kind, 0) ? 0 : 1;
   const int t1 = d::state_signed(sh.kind, 1) ? 0 : 1;
@@ -252,10 +263,27 @@ __global__ void __launch_bounds__(optim_threads)
         d::store_param(it.ptype, it.param, i, np[k]);
     }
     if (ns > 0)
-      store_state<EPT>(s1, 0, it, j, b, i0, end, sh, tb[t0], red);
+      store_state<EPT>(s1, 0, it, j, b, i0, end, sh, tb[t0], bk[t0], red);
     if (ns > 1)
-      store_state<EPT>(s2, 1, it, j, b, i0, end, sh, tb[t1], red);
+      store_state<EPT>(s2, 1, it, j, b, i0, end, sh, tb[t1], bk[t1], red);
   }
+}
+
+// The bucket tables of the two dynamic maps (blockwise_ops.hpp), built on the host once per
+// process: the step kernel's nearest-entry search, equal to nearest_index for every |t| <= 1.
+struct bucket_tables {
+  std::uint32_t u[2][bops::bucket_count]; // signed, unsigned
+};
+const bucket_tables& buckets_of(const optim_problem& p) {
+  static const bucket_tables bt = [&] {
+    bucket_tables b;
+    const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
+    for (int k = 0; k < 2; ++k)
+      for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
+        b.u[k][u] = bops::bucket_entry(t[k]->sum_hi, t[k]->sum_lo, u);
+    return b;
+  }();
+  return bt;
 }
 
 template <class Kernel> unsigned grid_of(Kernel k, std::int64_t total) {
@@ -274,7 +302,9 @@ template <int EPT> void launch(const optim_problem& p, const exec& ex) {
   // One upload: the tensor table, then the two codebooks' tables.
   const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
   const std::size_t tab_off = (items_bytes + 255) / 256 * 256;
-  std::vector<unsigned char> host(tab_off + 2 * sizeof(bops::tables));
+  const std::size_t bk_off = tab_off + 2 * sizeof(bops::tables);
+  std::vector<unsigned char> host(bk_off + sizeof(bucket_tables));
+  std::memcpy(host.data() + bk_off, &buckets_of(p), sizeof(bucket_tables));
   std::memcpy(host.data(), p.items.data(), items_bytes);
   std::memcpy(host.data() + tab_off, &p.tb_signed, sizeof(bops::tables));
   std::memcpy(host.data() + tab_off + sizeof(bops::tables), &p.tb_unsigned, sizeof(bops::tables));
@@ -283,6 +313,7 @@ template <int EPT> void launch(const optim_problem& p, const exec& ex) {
                                     cudaMemcpyHostToDevice, s));
   const auto* items = table.as<const optim_item>();
   const auto* tabs = reinterpret_cast<const bops::tables*>(table.as<unsigned char>() + tab_off);
+  const auto* bks = reinterpret_cast<const std::uint32_t*>(table.as<unsigned char>() + bk_off);
   const bool stable = p.sh.kind == optimizer::stable_adamw;
   scratch extra(stable ? sizeof(float) * static_cast<std::size_t>(p.total_blocks + 2 * count) : 4,
                 s);
@@ -299,7 +330,7 @@ template <int EPT> void launch(const optim_problem& p, const exec& ex) {
     check_launch("eta_kernel");
   }
   step_kernel<EPT><<<grid_of(step_kernel<EPT>, p.total_blocks), optim_threads, 0, s>>>(
-      p.sh, items, count, p.total_blocks, tabs, eta_decay, p.skipped);
+      p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, p.skipped);
   check_launch("step_kernel");
 }
 
