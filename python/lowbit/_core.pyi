@@ -317,3 +317,53 @@ def verify(
     bounds: Any,
     bound_name: str,
 ) -> VerifyReport: ...
+
+# ---- the optimizer steps (python/src/optim.cpp) ----
+
+def optimizer_step(
+    optimizer: str,
+    tensors: list[tuple[Any, Any, Optional[Any], Optional[Any], Optional[Any], Optional[Any]]],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    lr_decay: float,
+    maximize: bool,
+    step: int,
+    skipped: Optional[Any],
+    block: int,
+    rounding: str,
+    seed: int,
+    offset: int,
+    threads: int,
+    stream: int,
+) -> None: ...
+
+def optimizer_step_raw(
+    optimizer: str,
+    items: list[tuple[int, int, int, int, int, int, int, int, bool]],
+    device_type: int,
+    device_index: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    lr_decay: float,
+    maximize: bool,
+    step: int,
+    skipped: int,
+    block: int,
+    rounding: str,
+    seed: int,
+    offset: int,
+    threads: int,
+    stream: int,
+) -> None: ...

@@ -9,6 +9,7 @@ matmuls are quantized, to which format, per row, column or tensor):
 modules of a model in place. docs/techniques/switchback.md has the equations.
 """
 
+from lowbit.nn.embedding import StableEmbedding
 from lowbit.nn.linear import (
     LinearFunction,
     LowPrecisionLinear,
@@ -37,6 +38,7 @@ __all__ = [
     "LowPrecisionLinear",
     "Matmul",
     "Operand",
+    "StableEmbedding",
     "SwitchBackLinear",
     "convert",
     "named_recipes",

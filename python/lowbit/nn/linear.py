@@ -29,23 +29,24 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _quantize(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and scales of a 2-d tensor as it is used: rows or the whole tensor."""
     if op.granularity == "rows":
-        return ops.quantize_rows(t, op.fmt)
-    return ops.quantize_tensor(t, op.fmt)
+        return ops.eager_or_op("quantize_rows")(t, op.fmt)
+    return ops.eager_or_op("quantize_tensor")(t, op.fmt)
 
 
 def _quantize_t(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and scales of the transpose of a 2-d tensor: per column of t (the column
     quantization writes the transposed codes) or the whole tensor (codes transposed after)."""
     if op.granularity == "columns":
-        return ops.quantize_columns_t(t, op.fmt)
-    codes, scale = ops.quantize_tensor(t, op.fmt)
+        return ops.eager_or_op("quantize_columns_t")(t, op.fmt)
+    codes, scale = ops.eager_or_op("quantize_tensor")(t, op.fmt)
     return codes.t().contiguous(), scale
 
 
 def _mm(a: tuple[torch.Tensor, torch.Tensor], a_op: Operand, b: tuple[torch.Tensor, torch.Tensor],
         b_op: Operand, bias: Optional[torch.Tensor], dtype: torch.dtype,
         backend: str) -> torch.Tensor:
-    return ops.scaled_mm(a[0], a[1], a_op.fmt, b[0], b[1], b_op.fmt, bias, dtype, backend)
+    return ops.eager_or_op("scaled_mm")(a[0], a[1], a_op.fmt, b[0], b[1], b_op.fmt, bias, dtype,
+                                         backend)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -94,7 +95,8 @@ class LinearFunction(torch.autograd.Function):
             if x is None and need_w:
                 # SwitchBackM: X from its codes, value(code) * d in float32, then X's dtype.
                 codes, scales = x_saved
-                x = ops.dequantize_rows(codes, scales, recipe.forward.a.fmt).to(dtype)
+                x = ops.eager_or_op("dequantize_rows")(codes, scales,
+                                                     recipe.forward.a.fmt).to(dtype)
 
         dx = dw = db = None
         if need_x:
