@@ -11,6 +11,7 @@
 #   GPU_CHECKS_BUDGET_S   seconds for the whole script (default 480)
 #   TRAIN_STEPS           steps of each training run (default 300)
 #   STEPS                 which steps to run (default all): a list of the names below
+#   PY_MARK               the Python tests' marker expression (default "torch or gpu")
 set -uo pipefail
 bin=.deps/bin
 out=${OUT:-/tmp/out}
@@ -52,13 +53,14 @@ if want python; then
   tests=$(ls python/tests/test_gemm.py python/tests/test_nn*.py python/tests/test_optim*.py \
     2> /dev/null)
   run python 200 env PYTHONPATH="$pybuild" python3 -m pytest -q -p no:cacheprovider -rs \
-    -m "torch or gpu" $tests
+    -m "${PY_MARK:-torch or gpu}" $tests
 fi
 if want linear; then
   run linear 240 env PYTHONPATH="$pybuild:$ao" python3 bench/linear_torch.py "$out/linear_torch.json"
 fi
 if want optim && [[ -f bench/optim_torch.py ]]; then
-  run optim 180 env PYTHONPATH="$pybuild:$ao" python3 bench/optim_torch.py "$out/optim_torch.json"
+  run optim 180 env PYTHONPATH="$pybuild:$ao" python3 bench/optim_torch.py --device cuda \
+    --layers 51 --steps 20 --json "$out/optim_torch.json"
 fi
 if want train; then
   run train 300 env PYTHONPATH="$pybuild" python3 bench/train_tiny.py --out "$out" \
