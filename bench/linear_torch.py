@@ -15,46 +15,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 from torch import nn
 
+from torch_baselines import median_ms  # bench/ is the script's directory: CUDA-event medians
+
 SHAPES = [(1280, 5120), (5120, 1280), (1280, 1280)]
 
 
 def time_fwd_bwd(fn, x, grad, iters: int) -> float:
-    """Median milliseconds of fn(x).backward(grad)."""
-    for _ in range(3):
+    """Median milliseconds of fn(x).backward(grad), x's gradient cleared before each."""
+
+    def step() -> None:
         x.grad = None
         fn(x).backward(grad)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        x.grad = None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(x).backward(grad)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+
+    return median_ms(step, reps=iters)
 
 
 def time_call(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, reps=iters)
 
 
 def lowbit_layers(fin: int, fout: int, base: nn.Linear) -> dict:

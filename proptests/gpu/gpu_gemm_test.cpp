@@ -27,6 +27,7 @@
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/gemm.hpp>
 
+#include "../common/gemm_kinds.hpp"
 #include "gpu_harness.hpp"
 
 namespace {
@@ -37,7 +38,7 @@ using gpu_test::same_bytes;
 using kernels::dtype;
 using kernels::gemm_backend;
 
-enum class kind { int8, int8_sym, e4m3, e5m2, bf16, f16 };
+using namespace proptest::gemm_kinds;
 
 const char* kind_name(kind k) {
   switch (k) {
@@ -49,34 +50,6 @@ const char* kind_name(kind k) {
   case kind::f16: return "float16";
   }
   return "?";
-}
-kernels::target target_of(kind k) {
-  switch (k) {
-  case kind::int8: return kernels::target::of(emu::int8);
-  case kind::int8_sym: return kernels::target::of(emu::int8_sym);
-  case kind::e4m3: return kernels::target::of(emu::e4m3fn);
-  case kind::e5m2: return kernels::target::of(emu::e5m2);
-  case kind::bf16: return kernels::target::of(emu::bfloat16);
-  case kind::f16: return kernels::target::of(emu::float16);
-  }
-  return {};
-}
-dtype dtype_of(kind k) {
-  switch (k) {
-  case kind::int8:
-  case kind::int8_sym: return dtype::int8;
-  case kind::e4m3:
-  case kind::e5m2: return dtype::uint8;
-  case kind::bf16: return dtype::bfloat16;
-  case kind::f16: return dtype::float16;
-  }
-  return dtype::uint8;
-}
-bool is_int(kind k) {
-  return k == kind::int8 || k == kind::int8_sym;
-}
-bool is_fp8(kind k) {
-  return k == kind::e4m3 || k == kind::e5m2;
 }
 emu::format format_of(kind k) {
   switch (k) {

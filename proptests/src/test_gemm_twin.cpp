@@ -18,6 +18,7 @@
 #include <lowbit/kernels/gemm.hpp>
 #include <lowbit/proptest/generators.hpp>
 
+#include "../common/gemm_kinds.hpp"
 #include "support.hpp"
 
 namespace {
@@ -28,33 +29,7 @@ namespace pt = lowbit::proptest;
 using kn::dtype;
 using pt::test::check_property;
 
-enum class kind { int8, int8_sym, e4m3, e5m2, bf16, f16 };
-
-kn::target target_of(kind k) {
-  switch (k) {
-  case kind::int8: return kn::target::of(emu::int8);
-  case kind::int8_sym: return kn::target::of(emu::int8_sym);
-  case kind::e4m3: return kn::target::of(emu::e4m3fn);
-  case kind::e5m2: return kn::target::of(emu::e5m2);
-  case kind::bf16: return kn::target::of(emu::bfloat16);
-  case kind::f16: return kn::target::of(emu::float16);
-  }
-  return {};
-}
-dtype dtype_of(kind k) {
-  switch (k) {
-  case kind::int8:
-  case kind::int8_sym: return dtype::int8;
-  case kind::e4m3:
-  case kind::e5m2: return dtype::uint8;
-  case kind::bf16: return dtype::bfloat16;
-  case kind::f16: return dtype::float16;
-  }
-  return dtype::uint8;
-}
-bool is_int(kind k) {
-  return k == kind::int8 || k == kind::int8_sym;
-}
+using namespace lowbit::proptest::gemm_kinds;
 
 kn::tensor_view matrix(void* data, dtype t, std::int64_t rows, std::int64_t cols,
                        std::int64_t stride) {

@@ -74,13 +74,10 @@ void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, t
   }
 }
 
-py::object optimizer_step(const std::string& optimizer, const py::list& tensors, double lr,
-                          double beta1, double beta2, double eps, double weight_decay,
-                          double momentum, double dampening, bool nesterov, double lr_decay,
-                          bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
-                          const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
-                          std::int64_t threads, std::uintptr_t stream) {
-  const k::optimizer o = parse_optimizer(optimizer);
+// The hyper-parameters and the configuration of one step, as both entries below take them.
+k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, double weight_decay,
+                            double momentum, double dampening, bool nesterov, double lr_decay,
+                            bool maximize, std::int64_t step) {
   k::optim_hparams h;
   h.lr = lr;
   h.beta1 = beta1;
@@ -93,11 +90,29 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
   h.lr_decay = lr_decay;
   h.maximize = maximize;
   h.step = step;
+  return h;
+}
+
+k::optim_config config_of(std::int64_t block, const std::string& rounding, std::uint64_t seed,
+                          std::uint64_t offset) {
   k::optim_config cfg;
   cfg.block = block;
   cfg.rounding = parse_rounding(rounding);
   cfg.seed = seed;
   cfg.offset = offset;
+  return cfg;
+}
+
+py::object optimizer_step(const std::string& optimizer, const py::list& tensors, double lr,
+                          double beta1, double beta2, double eps, double weight_decay,
+                          double momentum, double dampening, bool nesterov, double lr_decay,
+                          bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
+                          const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
+                          std::int64_t threads, std::uintptr_t stream) {
+  const k::optimizer o = parse_optimizer(optimizer);
+  const k::optim_hparams h = hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening,
+                                        nesterov, lr_decay, maximize, step);
+  k::optim_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   std::vector<taken> held(tensors.size());
   std::vector<k::optim_tensor> views;
@@ -135,23 +150,9 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
                               const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
                               std::int64_t threads, std::uintptr_t stream) {
   const k::optimizer o = parse_optimizer(optimizer);
-  k::optim_hparams h;
-  h.lr = lr;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.momentum = momentum;
-  h.dampening = dampening;
-  h.nesterov = nesterov;
-  h.lr_decay = lr_decay;
-  h.maximize = maximize;
-  h.step = step;
-  k::optim_config cfg;
-  cfg.block = block;
-  cfg.rounding = parse_rounding(rounding);
-  cfg.seed = seed;
-  cfg.offset = offset;
+  const k::optim_hparams h = hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening,
+                                        nesterov, lr_decay, maximize, step);
+  k::optim_config cfg = config_of(block, rounding, seed, offset);
   cfg.check_device_memory = false;
   const k::exec ex = exec_of(threads, stream);
   if (device_type != 0 && device_type != 1)

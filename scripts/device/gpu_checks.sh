@@ -15,24 +15,7 @@ budget=${GPU_CHECKS_BUDGET_S:-400}
 export LD_LIBRARY_PATH=$bin:${LD_LIBRARY_PATH:-}
 timeout 20 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv \
   > "$out/gpu.txt" 2>&1
-summary=()
-run() {  # name, timeout in seconds, command...
-  local name=$1 limit=$2
-  shift 2
-  # 10 s stay in reserve for the kill after a timeout (timeout -k) and the final printing.
-  local left=$((budget - SECONDS - 10))
-  if ((left < 20)); then
-    echo "skipped: ${left}s of the ${budget}s budget left" > "$out/$name.log"
-    summary+=("$(printf '%-40s rc=%-4s %4ss' "$name" skip 0)")
-    return
-  fi
-  ((limit > left)) && limit=$left
-  local t0=$SECONDS
-  timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-40s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
-  tail -n 5 "$out/$name.log"
-}
+source "$(dirname "$0")/steps.sh"
 blockwise_tests='gpu_vs_cpu.blockwise_*:gpu_vs_cpu.sram_quantiles*'
 # Ordered by importance, so that a short lease or a slow step still leaves the main results:
 # the tests, the benchmarks, the sanitizers on the block-wise kernels (new, never run on a GPU

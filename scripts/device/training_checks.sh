@@ -19,23 +19,8 @@ budget=${GPU_CHECKS_BUDGET_S:-480}
 steps=${STEPS:-gpu_tests memcheck bench python linear optim train}
 pybuild=${LOWBIT_DEVICE_BUILD:-/tmp/lowbit-device}/python
 export LD_LIBRARY_PATH=$bin:${LD_LIBRARY_PATH:-}
-summary=()
+source "$(dirname "$0")/steps.sh"
 want() { [[ " $steps " == *" $1 "* ]]; }
-run() { # name, timeout in seconds, command...
-  local name=$1 limit=$2
-  shift 2
-  local left=$((budget - SECONDS - 10))
-  if ((left < 20)); then
-    summary+=("$(printf '%-32s rc=%-4s' "$name" skip)")
-    return
-  fi
-  ((limit > left)) && limit=$left
-  local t0=$SECONDS
-  timeout -k 5 "$limit" "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-32s rc=%-4s %4ss (limit %ss)' "$name" "$rc" $((SECONDS - t0)) "$limit")")
-  tail -n 6 "$out/$name.log"
-}
 ao=$PWD/.deps/py
 filter='gpu_gemm.*:gpu_optim.*'
 if want gpu_tests; then
