@@ -22,12 +22,13 @@ imported (by lowbit.nn); ``import lowbit`` alone never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 
 import lowbit
-from lowbit._quantize import Granularity
+from lowbit import _core
 
 # Code dtypes of the targets the layers quantize to (anything else reaches the kernels, which
 # say why they refuse it; the fake then guesses uint8, the dtype of every 8-bit format).
@@ -38,10 +39,64 @@ def _code_dtype(fmt: str) -> torch.dtype:
     return _INT_TARGETS.get(fmt, torch.uint8)
 
 
+# The ops' tensors are torch tensors that the ops' callers (lowbit.nn) made contiguous on one
+# device, and their formats are the few names of the layers' recipes: each op calls the compiled
+# module directly, with the torch allocator, the device and the current stream, instead of going
+# through lowbit.quantize / lowbit.scaled_matmul's argument resolution (the same C++ call, the
+# same checks of every value there; tens of microseconds less host time per call).
+_POLICY = None
+
+
+def _policy() -> object:
+    global _POLICY
+    if _POLICY is None:  # nearest-even, saturating, as lowbit.quantize's defaults
+        from lowbit._api import _rounding
+
+        _POLICY = _rounding("nearest_even", True, "keep", "preserve", None, 0, 0)
+    return _POLICY
+
+
+_FORMATS: dict[str, object] = {}
+
+
+def _fmt(name: str) -> object:
+    f = _FORMATS.get(name)
+    if f is None:
+        from lowbit._api import _format_arg
+
+        f = _FORMATS[name] = _format_arg(name)
+    return f
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+           "uint16": torch.uint16}
+
+
+def _allocator(device: torch.device):
+    def empty(shape, dtype: str) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=_DTYPES[dtype], device=device)
+
+    return empty
+
+
+def _stream(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else 0
+
+
+def _on_device(device: torch.device):
+    """The device of CUDA tensors as the current one (the module's kernels run there)."""
+    if device.type == "cuda" and torch.cuda.current_device() != device.index:
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _quantize(x: torch.Tensor, fmt: str, granularity: str,
               transpose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    codes, scales = lowbit.quantize(x, fmt, Granularity.of(granularity), transpose=transpose)
-    return codes, scales
+    x = x.detach()
+    with _on_device(x.device):
+        return _core.quantize(x, _fmt(fmt), granularity, 1, 1, 0, False, transpose, _policy(),
+                              _allocator(x.device), 0, _stream(x.device))
 
 
 def _register(fn):
@@ -105,12 +160,20 @@ def _(codes: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
     return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 def _scaled_mm(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Tensor,
-              b_scales: torch.Tensor, b_fmt: str, bias: Optional[torch.Tensor],
-              out_dtype: torch.dtype, backend: str) -> torch.Tensor:
-    return lowbit.scaled_matmul(a, b, a_fmt=a_fmt, b_fmt=b_fmt, a_scales=a_scales,
-                                b_scales=b_scales, bias=bias, out_dtype=out_dtype,
-                                backend=backend)
+               b_scales: torch.Tensor, b_fmt: str, bias: Optional[torch.Tensor],
+               out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    if out_dtype not in _DTYPE_NAMES:
+        raise TypeError(f"out_dtype: expected float32, bfloat16 or float16, got {out_dtype}")
+    with _on_device(a.device):
+        return _core.scaled_matmul(a.detach(), b.detach(), _fmt(a_fmt), _fmt(b_fmt),
+                                   a_scales.detach(), b_scales.detach(),
+                                   None if bias is None else bias.detach(),
+                                   _DTYPE_NAMES[out_dtype], None, backend, _allocator(a.device),
+                                   0, _stream(a.device))
 
 
 scaled_mm = _register(_scaled_mm)
