@@ -14,7 +14,8 @@ Percentile gradient clipping (``percentile_clipping=q``, q in 1..100, 100 = off;
 100 gradients (``gnorm_history``, float32 [100], NaN where empty or where the norm was not
 finite); a step records the current norm, takes the q-th percentile of the recorded norms
 (nearest rank) as the clip value and scales the gradient by clip / norm where the norm exceeds
-it. The norm and the percentile are torch operations on the parameter's device (no host sync).
+it. The norm and the percentile are torch operations on the parameter's device, written to
+need no host synchronization.
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         ordered = torch.sort(hist).values
         count = torch.isfinite(hist).sum()
         rank = torch.clamp((count * q + 99) // 100 - 1, min=0)  # nearest rank: ceil(q n / 100)
-        clip = ordered[rank]
+        # gather, not ordered[rank]: indexing with a 0-d tensor reads it on the host (a sync).
+        clip = ordered.gather(0, rank.reshape(1)).reshape(())
         # Nothing recorded (clip NaN) or a norm within the clip value: scale 1.
         scale = torch.where(norm > clip, clip / norm, torch.ones_like(norm))
         if grad.dtype == torch.float32:
