@@ -10,11 +10,11 @@ map (signed for first moments, unsigned for second moments). The equations, the 
 the rule for NaN/Inf gradients are in docs/techniques/optimizers.md.
 
 Percentile gradient clipping (``percentile_clipping=q``, q in 1..100, 100 = off; the 8-bit
-optimizers paper, Dettmers et al. 2022): each parameter keeps the L2 norms of its last 100 gradients (``gnorm_history``, float32 [100], NaN where empty or where the norm was not
-finite); a step records the current norm, takes the q-th percentile of the recorded norms
-(nearest rank) as the clip value and scales the gradient by clip / norm where the norm exceeds
-it. The norm and the percentile are torch operations on the parameter's device, written to
-need no host synchronization.
+optimizers paper, Dettmers et al. 2022): each parameter keeps the L2 norms of its last 100 gradients
+(``gnorm_history``, float32 [100], NaN where empty or where the norm was not finite); a step records
+the current norm, takes the q-th percentile of the recorded norms (nearest rank) as the clip value
+and scales the gradient by clip / norm where the norm exceeds it. The norm and the percentile are
+torch operations on the parameter's device, written to need no host synchronization.
 """
 
 from __future__ import annotations
