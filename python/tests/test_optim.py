@@ -227,6 +227,7 @@ def test_8bit_trajectory_follows_32bit(cls, kw):
     (lo.AdamW8bit, {}), (lo.StableAdamW8bit, {}), (lo.SGD8bit, dict(momentum=0.9)),
     (lo.Lion8bit, {}), (lo.AdamW8bit, dict(stochastic_rounding=True, seed=3)),
     (lo.AdamW, {}), (lo.Adagrad8bit, dict(initial_accumulator_value=0.1)),
+    (lo.AdamW8bit, dict(percentile_clipping=5)), (lo.Lion, dict(percentile_clipping=50)),
 ])
 def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
     kw = dict(kw, lr=1e-3, min_8bit_size=256)
@@ -251,7 +252,9 @@ def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
         assert sa.keys() == sb.keys()
         for k in sa:
             if isinstance(sa[k], torch.Tensor):
-                assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+                # Bitwise (the gradient norm history holds NaN in its empty slots).
+                assert sa[k].dtype == sb[k].dtype and torch.equal(
+                    sa[k].contiguous().view(torch.uint8), sb[k].contiguous().view(torch.uint8)), k
             else:
                 assert sa[k] == sb[k], k
 
@@ -377,6 +380,83 @@ def test_non_contiguous_parameters_are_updated():
     lo.AdamW([p], bits=32).step()
     lo.AdamW([q], bits=32).step()
     assert torch.equal(p.detach(), q.detach())
+
+
+# ---- percentile gradient clipping --------------------------------------------------------------
+
+def _percentile_reference(norms, q):
+    """The clip value after the last of `norms` (float64, NaN for a non-finite norm): the
+    nearest-rank q-th percentile of the finite ones among the last 100."""
+    window = [x for x in norms[-100:] if np.isfinite(x)]
+    if not window:
+        return np.nan
+    return sorted(window)[max(0, -(-q * len(window) // 100) - 1)]
+
+
+_CLIP_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", _CLIP_DEVICES)
+@pytest.mark.parametrize("q", [5, 50, 90])
+def test_percentile_clipping_scales_each_gradient_to_the_percentile_of_its_history(q, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("gpu: no CUDA device")
+    # SGD with lr 1 from a zero parameter makes the parameter minus the gradient actually used.
+    rng = np.random.default_rng(q)
+    a = torch.nn.Parameter(torch.zeros(700, device=device))
+    b = torch.nn.Parameter(torch.zeros(3, 50, device=device))
+    opt = lo.SGD([a, b], lr=1.0, percentile_clipping=q)
+    dirs = [rng.standard_normal(p.shape) for p in (a, b)]
+    dirs = [d / np.linalg.norm(d) for d in dirs]
+    # Distinct norms (neighbours apart by about 1 %), spikes, one NaN gradient: a wrong rank,
+    # window or a history shared by the two tensors moves the clip value by more than the bound.
+    seqs = [rng.permutation(np.geomspace(0.5, 50.0, 240)),
+            rng.permutation(np.geomspace(1.0, 5.0, 240))]
+    seqs[0][[17, 130]] = [1e4, 3e3]
+    seqs[1][150] = np.nan
+    hist = [[], []]
+    for t in range(240):
+        for k, p in enumerate((a, b)):
+            with torch.no_grad():
+                p.zero_()
+            g = dirs[k] * (seqs[k][t] if np.isfinite(seqs[k][t]) else 1.0)
+            if not np.isfinite(seqs[k][t]):
+                g = g.copy()
+                g.flat[3] = np.nan
+            p.grad = torch.tensor(g, dtype=torch.float32, device=device)
+            hist[k].append(float(np.linalg.norm(g)))
+        opt.step()
+        for k, p in enumerate((a, b)):
+            used = -p.detach().double().cpu().numpy()
+            norm = hist[k][-1]
+            if not np.isfinite(norm):
+                assert np.all(used == 0.0), "a non-finite gradient's block must be skipped"
+                continue
+            clip = _percentile_reference(hist[k], q)
+            want = dirs[k] * min(norm, clip)
+            # The float32 norm (a sum of at most 700 squares: relative error below 700 * 2^-24),
+            # the scale's quotient and the product (an ulp each) against the float64 truth.
+            err = np.abs(used - want).max() / np.abs(want).max()
+            assert err < 1e-4, (t, k, norm, clip, err)
+    assert opt.state[a]["gnorm_history"].shape == (100,)
+    assert int(torch.isnan(opt.state[b]["gnorm_history"]).sum()) == 1
+
+
+def test_percentile_clipping_leaves_p_grad_alone_and_rejects_bad_values():
+    p = torch.nn.Parameter(torch.zeros(10))
+    opt = lo.AdamW8bit([p], percentile_clipping=1)
+    for scale in (1.0, 100.0):
+        p.grad = torch.full((10,), scale)
+        before = p.grad.clone()
+        opt.step()
+        assert torch.equal(p.grad, before)
+    for bad in (0, 101, 5.0, True):
+        with pytest.raises(ValueError, match="percentile_clipping"):
+            lo.Lion([p], percentile_clipping=bad)
+    opt = lo.SGD([p], lr=0.1)
+    opt.param_groups[0]["percentile_clipping"] = 0
+    with pytest.raises(ValueError, match="percentile_clipping"):
+        opt.step()
 
 
 # ---- CUDA: the kernel equals the CPU twin -------------------------------------------------------

@@ -8,6 +8,13 @@ tensors, the CUDA kernel on the current stream for CUDA tensors. States are ordi
 parameter's shape plus float32 ``<name>_absmax`` (one per block), quantized with the dynamic tree
 map (signed for first moments, unsigned for second moments). The equations, the state layout and
 the rule for NaN/Inf gradients are in docs/techniques/optimizers.md.
+
+Percentile gradient clipping (``percentile_clipping=q``, q in 1..100, 100 = off; the 8-bit
+optimizers paper, Dettmers et al. 2022): each parameter keeps the L2 norms of its last 100 gradients
+(``gnorm_history``, float32 [100], NaN where empty or where the norm was not finite); a step records
+the current norm, takes the q-th percentile of the recorded norms (nearest rank) as the clip value
+and scales the gradient by clip / norm where the norm exceeds it. The norm and the percentile are
+torch operations on the parameter's device, written to need no host synchronization.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from lowbit import _core
 from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
 
 __all__ = ["LowbitOptimizer", "override"]
+
+_HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -44,6 +53,11 @@ def override(param: torch.Tensor, **config: Any) -> torch.Tensor:
     return param
 
 
+def _check_percentile(q: Any) -> None:
+    if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100:
+        raise ValueError(f"percentile_clipping={q!r}; expected an int in [1, 100] (100: off)")
+
+
 _codebooks: dict[bool, tuple[Codebook, int]] = {}
 
 
@@ -65,16 +79,18 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, bits: int,
                  block_size: int, min_8bit_size: int, stochastic_rounding: bool,
-                 seed: Optional[int]) -> None:
+                 seed: Optional[int], percentile_clipping: int = 100) -> None:
         if bits not in (8, 32):
             raise ValueError(f"bits={bits!r}; expected 8 or 32")
         if block_size not in (256, 2048):
             raise ValueError(f"block_size={block_size!r}; expected 256 or 2048")
         if not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"min_8bit_size={min_8bit_size!r}; expected an int >= 0")
+        _check_percentile(percentile_clipping)
         if seed is None:
             seed = int(torch.initial_seed()) & 0xFFFFFFFFFFFFFFFF
-        defaults = dict(defaults, bits=bits, min_8bit_size=min_8bit_size)
+        defaults = dict(defaults, bits=bits, min_8bit_size=min_8bit_size,
+                        percentile_clipping=percentile_clipping)
         super().__init__(params, defaults)
         self.block_size = block_size
         self.stochastic_rounding = bool(stochastic_rounding)
@@ -191,6 +207,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if grad.dtype != p.dtype:
                 grad = grad.to(p.dtype)
             grad = grad.contiguous()
+            q = group.get("percentile_clipping", 100)
+            if q != 100:
+                _check_percentile(q)
+                grad = self._clipped(st, grad, q)
             keep += [param, grad]
             names = self._states[:ns]
             objs = tuple(st[name] for name, _ in names)
@@ -227,6 +247,29 @@ class LowbitOptimizer(torch.optim.Optimizer):
         for p, param in copies:
             p.copy_(param)
         del keep
+
+    def _clipped(self, st: dict[str, Any], grad: torch.Tensor, q: int) -> torch.Tensor:
+        """The gradient scaled by percentile clipping (a new tensor: p.grad is left as it is)."""
+        hist = st.get("gnorm_history")
+        if hist is None or hist.device != grad.device:
+            hist = torch.full((_HISTORY,), float("nan"), dtype=torch.float32, device=grad.device)
+            st["gnorm_history"] = hist
+        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+        slot = (int(st["step"]) - 1) % _HISTORY
+        # A non-finite norm is not recorded (NaN marks the slot empty): one bad gradient, whose
+        # blocks the kernel skips anyway, must not set the clip value of the next 100 steps.
+        hist[slot] = torch.where(torch.isfinite(norm), norm, torch.nan)
+        # torch.sort puts NaN last, so the recorded norms come first, ascending.
+        ordered = torch.sort(hist).values
+        count = torch.isfinite(hist).sum()
+        rank = torch.clamp((count * q + 99) // 100 - 1, min=0)  # nearest rank: ceil(q n / 100)
+        # gather, not ordered[rank]: indexing with a 0-d tensor reads it on the host (a sync).
+        clip = ordered.gather(0, rank.reshape(1)).reshape(())
+        # Nothing recorded (clip NaN) or a norm within the clip value: scale 1.
+        scale = torch.where(norm > clip, clip / norm, torch.ones_like(norm))
+        if grad.dtype == torch.float32:
+            return grad * scale
+        return (grad.float() * scale).to(grad.dtype)
 
     def _state_fields(self, p: torch.Tensor, st: dict[str, Any],
                       names: tuple[tuple[str, bool], ...]) -> tuple[list[int], bool]:
@@ -314,4 +357,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 self._quantize_into(st, name, signed, value)
             else:
                 st[name] = value.clone()
+        if "gnorm_history" in saved:
+            st["gnorm_history"] = saved["gnorm_history"].to(device=p.device,
+                                                            dtype=torch.float32).clone()
         self.state[p] = st

@@ -1,7 +1,8 @@
 """The optimizers: torch.optim's constructor arguments where torch has the optimizer, plus
 ``bits`` (32 or 8), ``block_size`` (256 or 2048), ``min_8bit_size`` (parameters with fewer
 elements keep 32-bit states), ``stochastic_rounding`` and ``seed`` (of the 8-bit states'
-rounding)."""
+rounding), and ``percentile_clipping`` (1..100, 100 = off: the gradient clipped at that
+percentile of its last 100 norms; lowbit.optim._base)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _lr(lr: Any) -> None:
         raise ValueError(f"invalid learning rate: {lr!r}")
 
 
-_common = dict(bits=32, block_size=256, min_8bit_size=4096, stochastic_rounding=False, seed=None)
+_common = dict(bits=32, block_size=256, min_8bit_size=4096, stochastic_rounding=False, seed=None,
+               percentile_clipping=100)
 
 
 class _AdamFamily(LowbitOptimizer):
