@@ -28,6 +28,11 @@ constexpr int tile = 16;
 constexpr int tk = 32;
 constexpr int simt_threads = tile * tile;
 
+// Stands in for the accumulator where no model is asked for: the default kernel keeps no buffer.
+struct no_model {
+  __device__ explicit no_model(const emu::accumulation&) {}
+};
+
 // Model: the sum runs through p.accumulation's emu::accumulator (the twin's object, fed the same
 // products in the same order) instead of acc = acc + prod.
 template <bool Int, bool Model = false>
@@ -42,7 +47,7 @@ __global__ void __launch_bounds__(simt_threads)
     const std::int64_t m0 = (t / tiles_n) * tile, n0 = (t % tiles_n) * tile;
     const std::int64_t m = m0 + ty, n = n0 + tx;
     acc_t acc = 0;
-    emu::accumulator model(p.accumulation);
+    std::conditional_t<Model, emu::accumulator, no_model> model(p.accumulation);
     for (std::int64_t k0 = 0; k0 < p.k; k0 += tk) {
       for (int i = static_cast<int>(threadIdx.x); i < tile * tk; i += simt_threads) {
         const int r = i / tk, c = i % tk;
