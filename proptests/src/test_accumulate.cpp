@@ -215,29 +215,42 @@ kn::tensor_view matrix(void* data, kn::dtype t, std::int64_t rows, std::int64_t 
 // Each output of the twin is the model's accumulate over that output's exact products in k
 // order, then the epilogue (unit scales, no bias, float32 out: the sum itself).
 TEST(accumulate, gemm_twin_sums_with_the_model) {
-  check_property("accumulate.gemm_twin", 150, [] {
+  check_property("accumulate.gemm_twin", 200, [] {
     const emu::accumulation m =
         *rc::gen::oneOf(rc::gen::just(emu::fp32_sequential_accumulation), rc::gen::just(model()));
+    // e4m3 x e5m2 codes, or bfloat16 / float16 values (every 16-bit pattern, NaN and Inf too).
+    const int kind = *rc::gen::inRange(0, 3);
+    const emu::format fa = kind == 0 ? emu::e4m3fn : (kind == 1 ? emu::bfloat16 : emu::float16);
+    const emu::format fb = kind == 0 ? emu::e5m2 : fa;
+    const kn::dtype t =
+        kind == 0 ? kn::dtype::uint8 : (kind == 1 ? kn::dtype::bfloat16 : kn::dtype::float16);
     const std::int64_t M = *rc::gen::inRange(1, 4), N = *rc::gen::inRange(1, 4);
     const std::int64_t K = *rc::gen::inRange(0, 200);
     auto codes = [&](std::int64_t rows) {
-      return *rc::gen::container<std::vector<std::uint8_t>>(static_cast<std::size_t>(rows * K),
-                                                            rc::gen::arbitrary<std::uint8_t>());
+      return *rc::gen::container<std::vector<std::uint16_t>>(
+          static_cast<std::size_t>(rows * K),
+          kind == 0 ? rc::gen::map(rc::gen::arbitrary<std::uint8_t>(),
+                                   [](std::uint8_t c) { return std::uint16_t{c}; })
+                    : rc::gen::arbitrary<std::uint16_t>());
     };
-    std::vector<std::uint8_t> a = codes(M), b = codes(N);
+    const std::vector<std::uint16_t> a = codes(M), b = codes(N);
+    std::vector<std::uint8_t> a8(a.begin(), a.end()), b8(b.begin(), b.end());
+    std::vector<std::uint16_t> a16 = a, b16 = b;
+    void* da = kind == 0 ? static_cast<void*>(a8.data()) : a16.data();
+    void* db = kind == 0 ? static_cast<void*>(b8.data()) : b16.data();
     std::vector<float> out(static_cast<std::size_t>(M * N));
-    kn::gemm_operand oa{matrix(a.data(), kn::dtype::uint8, M, K), emu::target(emu::e4m3fn), {}};
-    kn::gemm_operand ob{matrix(b.data(), kn::dtype::uint8, N, K), emu::target(emu::e5m2), {}};
+    kn::gemm_operand oa{matrix(da, t, M, K), emu::target(fa), {}};
+    kn::gemm_operand ob{matrix(db, t, N, K), emu::target(fb), {}};
     kn::gemm_options opt;
     opt.accumulation = m;
     kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) {
         std::vector<float> p(static_cast<std::size_t>(K));
-        for (std::int64_t t = 0; t < K; ++t)
-          p[static_cast<std::size_t>(t)] =
-              emu::decode<float>(emu::e4m3fn, a[static_cast<std::size_t>(i * K + t)]) *
-              emu::decode<float>(emu::e5m2, b[static_cast<std::size_t>(j * K + t)]);
+        for (std::int64_t q = 0; q < K; ++q)
+          p[static_cast<std::size_t>(q)] =
+              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]) *
+              emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
         float want = emu::accumulate(m, p.data(), K);
         if (std::isnan(want))
           want = float_of(0x7FC00000u); // the GEMM writes every NaN as the positive quiet NaN
