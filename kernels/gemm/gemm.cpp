@@ -267,14 +267,34 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
                    const tensor_view& out, const gemm_options& opt, const exec& ex) {
   require(opt.backend <= gemm_backend::widened, errc::invalid_argument,
           "opt.backend: not a backend");
-  const gemm_problem p = check(a, b, bias, out);
+  gemm_problem p = check(a, b, bias, out);
+  if (opt.accumulation) {
+    const emu::accumulation& model = *opt.accumulation;
+    require(emu::is_valid(model), errc::invalid_argument,
+            "opt.accumulation: not a valid model (block 1..64, fraction_bits 0..40, "
+            "promote_every >= 0, known kind and roundings)");
+    require(model.kind != emu::accumulation_kind::exact, errc::unsupported,
+            "opt.accumulation: exact is the reference's sum (reference::exact_scaled_matmul); no "
+            "backend computes it");
+    require(p.a.elem != gemm_elem::int8, errc::invalid_argument,
+            "opt.accumulation: int8 sums are exact on every backend; a model applies to fp8 and "
+            "16-bit operands");
+    p.accumulation = model;
+  }
   if (p.dev.type != device_type::cuda)
     return cpu::scaled_matmul(p, ex);
   require_device_views(a, b, bias, out);
   if (p.m == 0 || p.n == 0)
     return;
   gemm_backend use = opt.backend;
-  if (use == gemm_backend::automatic) {
+  if (opt.accumulation) {
+    // Only the CUDA cores sum in the model's order; the tensor cores sum in hardware.
+    require(use == gemm_backend::automatic || use == gemm_backend::simt, errc::unsupported,
+            std::string("opt.backend: ") + gemm_backend_name(use) +
+                " sums in hardware and cannot take opt.accumulation; simt (or automatic) runs the "
+                "model");
+    use = gemm_backend::simt;
+  } else if (use == gemm_backend::automatic) {
     use = choose(p);
     if (use == gemm_backend::cublaslt) {
       try {

@@ -28,7 +28,14 @@ constexpr int tile = 16;
 constexpr int tk = 32;
 constexpr int simt_threads = tile * tile;
 
-template <bool Int>
+// Stands in for the accumulator where no model is asked for: the default kernel keeps no buffer.
+struct no_model {
+  __device__ explicit no_model(const emu::accumulation&) {}
+};
+
+// Model: the sum runs through p.accumulation's emu::accumulator (the twin's object, fed the same
+// products in the same order) instead of acc = acc + prod.
+template <bool Int, bool Model = false>
 __global__ void __launch_bounds__(simt_threads)
     simt_kernel(const gemm_problem p, std::int64_t tiles_n, std::int64_t tiles) {
   using acc_t = std::conditional_t<Int, int, float>;
@@ -40,6 +47,7 @@ __global__ void __launch_bounds__(simt_threads)
     const std::int64_t m0 = (t / tiles_n) * tile, n0 = (t % tiles_n) * tile;
     const std::int64_t m = m0 + ty, n = n0 + tx;
     acc_t acc = 0;
+    std::conditional_t<Model, emu::accumulator, no_model> model(p.accumulation);
     for (std::int64_t k0 = 0; k0 < p.k; k0 += tk) {
       for (int i = static_cast<int>(threadIdx.x); i < tile * tk; i += simt_threads) {
         const int r = i / tk, c = i % tk;
@@ -60,13 +68,18 @@ __global__ void __launch_bounds__(simt_threads)
       const int kn = p.k - k0 < tk ? static_cast<int>(p.k - k0) : tk;
       for (int c = 0; c < kn; ++c) {
         const acc_t prod = sa[ty][c] * sb[tx][c];
-        acc = acc + prod;
+        if constexpr (Model)
+          model.add(prod);
+        else
+          acc = acc + prod;
       }
       __syncthreads();
     }
     if (m < p.m && n < p.n) {
       if (p.k == 0)
         gemm_empty_k(p, m, n);
+      else if constexpr (Model)
+        gemm_finish(p, m, n, model.finish());
       else
         gemm_finish(p, m, n, static_cast<float>(acc));
     }
@@ -191,6 +204,8 @@ void simt_matmul(const gemm_problem& p, const exec& ex) {
   const unsigned grid = grid_for(tiles, 1, 8);
   if (p.a.elem == gemm_elem::int8)
     simt_kernel<true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
+  else if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential)
+    simt_kernel<false, true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
   else
     simt_kernel<false><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
   check_launch("simt_kernel");

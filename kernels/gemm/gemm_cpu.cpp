@@ -1,6 +1,7 @@
 // CPU twin of the scaled matmul, the witness of every backend: exact int32 sums for int8, and for
 // fp8 and 16-bit operands the float32 sum acc = acc + a*b over k = 0, 1, ..., K-1 in order (the
-// simt kernel's order), then gemm_finish. Threads split the rows of the output; each output's
+// simt kernel's order), or the products in that order through the caller's accumulation model
+// (emu/accumulate.hpp), then gemm_finish. Threads split the rows of the output; each output's
 // arithmetic is the same whatever the split.
 #include <array>
 #include <cstdint>
@@ -48,6 +49,13 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
       av[static_cast<std::size_t>(k)] = gemm_value(p.a.elem, p.a.codes, m * p.a.row_stride + k);
     for (std::int64_t n = 0; n < p.n; ++n) {
       const std::int64_t b0 = n * p.b.row_stride;
+      if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
+        emu::accumulator acc(p.accumulation);
+        for (std::int64_t k = 0; k < p.k; ++k)
+          acc.add(av[static_cast<std::size_t>(k)] * value_b(b0 + k));
+        gemm_finish(p, m, n, acc.finish());
+        continue;
+      }
       float acc = 0.0f;
       for (std::int64_t k = 0; k < p.k; ++k) {
         const float prod = av[static_cast<std::size_t>(k)] * value_b(b0 + k);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include <lowbit/emu/accumulate.hpp>
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/emu/format.hpp>
 #include <lowbit/kernels/gemm.hpp>
@@ -39,6 +40,9 @@ struct gemm_problem {
   dtype out_type = dtype::float32;
   std::int64_t out_stride = 0; // elements between rows of out (>= N)
   device dev{};
+  // fp8 and 16-bit operands: the sum over k = 0, 1, ..., K-1 (fp32_sequential unless the caller
+  // named a model; only the twin and simt read it).
+  emu::accumulation accumulation{};
 };
 
 // K up to which an int32 sum of int8 products is exact: floor((2^31 - 1) / 128^2), and for two
@@ -141,7 +145,8 @@ inline std::size_t gemm_elem_size(gemm_elem e) {
 
 namespace cpu {
 // acc: exact int32 for int8; float32 for the others, summed over k = 0, 1, ..., K-1 in order
-// (acc = acc + a*b, each product exact in float32 for fp8 and each step rounded: the simt order).
+// (acc = acc + a*b, each product exact in float32 for fp8 and each step rounded: the simt order),
+// or p.accumulation's model over the same products in the same order.
 void scaled_matmul(const gemm_problem& p, const exec& ex);
 } // namespace cpu
 

@@ -9,6 +9,8 @@
 //     float32 sums of the same exact products in different orders; native fp8 (cuBLASLt's fp8
 //     tensor cores) within the looser bound of a modelled narrow fp8 accumulator;
 //   - native fp8 == widened == the twin where every partial sum is exact;
+//   - simt (and automatic) == the twin bit for bit under every accumulation model, which the
+//     tensor-core backends refuse;
 //   - the refusals of an explicit backend, automatic's fallbacks, the int8 K limit.
 // Output buffers and their padding start poisoned identically on both sides, so a stray or
 // missing write differs. Every test skips where there is no device.
@@ -20,9 +22,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <lowbit/emu/accumulate.hpp>
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/gemm.hpp>
@@ -216,10 +220,12 @@ struct problem {
            kernels::dtype_size(out_t);
   }
   // Runs the host API on the CPU or the GPU views (the out buffer is poisoned again first).
-  void run(bool gpu, gemm_backend backend) {
+  void run(bool gpu, gemm_backend backend,
+           std::optional<emu::accumulation> accumulation = std::nullopt) {
     out = std::make_unique<mirrored>(out_bytes());
     kernels::gemm_options opt;
     opt.backend = backend;
+    opt.accumulation = accumulation;
     kernels::scaled_matmul(a.op(gpu), b.op(gpu), bias->flat(gpu, bias_t, nbias),
                            out->view(gpu, out_t, a.rows, b.rows, out_stride, out_offset), opt);
     gpu_test::cuda_ok(cudaDeviceSynchronize(), "sync");
@@ -306,6 +312,16 @@ bool run_gpu(problem& p, gemm_backend backend, bool may_refuse) {
   return true;
 }
 
+// run_gpu for a model (which no backend may refuse where simt runs).
+void run_gpu_with(problem& p, gemm_backend backend, const emu::accumulation& model) {
+  try {
+    p.run(true, backend, model);
+  } catch (const error& e) {
+    RC_FAIL(std::string(kernels::gemm_backend_name(backend)) + " threw: " + e.what() + " on " +
+            p.describe());
+  }
+}
+
 // ---- bitwise: int8 on every backend, simt for every type -----------------------------------
 
 TEST(gpu_gemm, int8_every_backend_equals_the_twin) {
@@ -343,6 +359,58 @@ TEST(gpu_gemm, simt_equals_the_twin_for_every_type) {
     const auto cpu = p.result(false);
     run_gpu(p, gemm_backend::simt, false);
     RC_ASSERT(same_bytes(cpu, p.result(true), "simt on " + p.describe()));
+  }));
+}
+
+// The accumulation models (emu/accumulate.hpp): simt runs the twin's accumulator over the same
+// products in the same order, so every model gives the twin's bits; the tensor cores refuse one.
+TEST(gpu_gemm, simt_equals_the_twin_for_every_accumulation_model) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.simt_models", [] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2, kind::bf16, kind::f16);
+    const int k = *rc::gen::inRange(1, emu::accumulation_max_block + 1);
+    const int f = *rc::gen::inRange(0, emu::accumulation_max_fraction_bits + 1);
+    const auto t =
+        *rc::gen::element(emu::term_rounding::toward_zero, emu::term_rounding::nearest_even);
+    const auto r = *rc::gen::element(emu::register_rounding::nearest_even,
+                                     emu::register_rounding::toward_zero);
+    const emu::accumulation model =
+        *rc::gen::oneOf(rc::gen::just(emu::fp32_sequential_accumulation),
+                        rc::gen::just(emu::block_fixed_point(k, f, *rc::gen::arbitrary<bool>(), t,
+                                                             r, *rc::gen::inRange(0, 9))));
+    options o;
+    o.aligned = *rc::gen::arbitrary<bool>();
+    problem p = make_problem(ka, partner(ka), o);
+    p.run(false, gemm_backend::automatic, model);
+    const auto cpu = p.result(false);
+    for (gemm_backend b : {gemm_backend::simt, gemm_backend::automatic}) {
+      run_gpu_with(p, b, model);
+      RC_ASSERT(same_bytes(cpu, p.result(true),
+                           std::string(kernels::gemm_backend_name(b)) +
+                               " with model k=" + std::to_string(model.block) + " f=" +
+                               std::to_string(model.fraction_bits) + " on " + p.describe()));
+    }
+  }));
+}
+
+TEST(gpu_gemm, tensor_core_backends_refuse_an_accumulation_model) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.model_refusals", [] {
+    options o;
+    o.aligned = true;
+    o.k_multiple_of_16 = true;
+    o.mn_multiple_of_16 = true;
+    problem p = make_problem(kind::e4m3, kind::e4m3, o);
+    const emu::accumulation model = emu::block_fixed_point(
+        16, 13, true, emu::term_rounding::toward_zero, emu::register_rounding::toward_zero, 0);
+    for (gemm_backend b : {gemm_backend::cublaslt, gemm_backend::cutlass, gemm_backend::widened}) {
+      try {
+        p.run(true, b, model);
+        RC_FAIL(std::string(kernels::gemm_backend_name(b)) + " took an accumulation model");
+      } catch (const error& e) {
+        RC_ASSERT(e.code() == errc::unsupported);
+      }
+    }
   }));
 }
 

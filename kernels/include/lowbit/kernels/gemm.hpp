@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
+#include <lowbit/emu/accumulate.hpp>
 #include <lowbit/emu/target.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
@@ -40,6 +42,13 @@ const char* gemm_backend_name(gemm_backend b);
 
 struct gemm_options {
   gemm_backend backend = gemm_backend::automatic;
+  // How fp8 and 16-bit products are summed (emu/accumulate.hpp, docs/techniques/fp8-training.md).
+  // Unset: each backend's own sum (the twin's and simt's fp32_sequential, the tensor cores'
+  // hardware sum). Set: the CPU twin and simt (which `automatic` then picks) sum with this model;
+  // the tensor-core backends refuse it (errc::unsupported: they sum in hardware), `exact` is
+  // refused everywhere (the reference computes it), and so is any model for int8 operands
+  // (errc::invalid_argument: their sums are exact).
+  std::optional<emu::accumulation> accumulation;
 };
 
 // out[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n]), each step one float32
@@ -47,7 +56,8 @@ struct gemm_options {
 // nearest-even, and every NaN result is written as the positive quiet NaN (NaN signs and payloads
 // differ between CPUs and GPUs). acc is the exact int32 sum for int8 operands (K may not exceed the
 // count that keeps it exact: 131071, or 133143 for int8_sym codes) and a float32 sum of the exact
-// products for fp8 and 16-bit operands (the order depends on the backend: gemm.md).
+// products for fp8 and 16-bit operands (the order depends on the backend: gemm.md), or the sum
+// of opt.accumulation's model over k = 0, 1, ..., K-1.
 //   out:  float32, bfloat16 or float16 (M x N), N contiguous, rows may be strided.
 //   bias: float32, bfloat16 or float16 [N], or no elements for none.
 // A, B, their scales, bias and out live on one device. Empty problems (M, N or K of 0) write

@@ -1,0 +1,237 @@
+// Accumulation models: how a dot product's exact products are summed. A matmul names its model
+// the way a cast names its rounding policy, because fp8 tensor cores do not sum in float32 and a
+// simulation that sums in float32 tells the wrong story about them. Three kinds:
+//   exact            the exact sum (rounded once by the reference; emu cannot compute it),
+//   fp32_sequential  acc = acc + p in product order, float32 nearest-even (lowbit's CPU twin),
+//   block_fixed_point blocks of k products aligned to the block's largest exponent, rounded to
+//                    f fraction bits, summed exactly, written into a float32 register, promoted
+//                    into a float32 accumulator every N blocks (tensor-core models).
+// The equations are in docs/techniques/fp8-training.md ("The accumulation models"). Everything
+// here is host and device code, the standard library only, so a CUDA kernel and the CPU twin run
+// the same accumulator.
+#pragma once
+
+#include <cstdint>
+
+#include <lowbit/emu/config.hpp>
+
+namespace lowbit::emu {
+
+enum class accumulation_kind : std::uint8_t { fp32_sequential, exact, block_fixed_point };
+
+// How an aligned term (a product, or the register when it takes part in the alignment) is
+// rounded to the block's grid of 2^(e_max - f).
+enum class term_rounding : std::uint8_t { toward_zero, nearest_even };
+
+// How the block's exact fixed-point sum is written into the float32 register.
+enum class register_rounding : std::uint8_t { nearest_even, toward_zero };
+
+struct accumulation {
+  accumulation_kind kind = accumulation_kind::fp32_sequential;
+  // block_fixed_point only:
+  int block = 1;                    // k: products per block (the last block may be shorter)
+  int fraction_bits = 23;           // f: bits kept below the block's largest exponent
+  bool align_with_register = false; // the register is one of the aligned terms (else added
+                                    // after the block sum is rounded into float32)
+  term_rounding terms = term_rounding::toward_zero;
+  register_rounding reg = register_rounding::nearest_even;
+  int promote_every = 0; // N: blocks between promotions; 0: never ("fast")
+
+  friend constexpr bool operator==(const accumulation&, const accumulation&) = default;
+};
+
+// Limits that keep a block's fixed-point sum exact in a double: |S| < (k + 1) 2^(f + 1) <= 2^48.
+inline constexpr int accumulation_max_block = 64;
+inline constexpr int accumulation_max_fraction_bits = 40;
+
+inline constexpr accumulation fp32_sequential_accumulation{};
+inline constexpr accumulation exact_accumulation{accumulation_kind::exact};
+
+constexpr accumulation block_fixed_point(int k, int f, bool align_with_register, term_rounding t,
+                                         register_rounding r, int promote_every) {
+  return {accumulation_kind::block_fixed_point, k, f, align_with_register, t, r, promote_every};
+}
+
+// False for parameters outside the limits above (the accumulator's result is then unspecified).
+LOWBIT_HD constexpr bool is_valid(const accumulation& m) {
+  if (m.kind != accumulation_kind::block_fixed_point)
+    return m.kind == accumulation_kind::fp32_sequential || m.kind == accumulation_kind::exact;
+  return m.block >= 1 && m.block <= accumulation_max_block && m.fraction_bits >= 0 &&
+         m.fraction_bits <= accumulation_max_fraction_bits && m.promote_every >= 0 &&
+         (m.terms == term_rounding::toward_zero || m.terms == term_rounding::nearest_even) &&
+         (m.reg == register_rounding::nearest_even || m.reg == register_rounding::toward_zero);
+}
+
+namespace detail {
+
+// 2^n as a double for -1022 <= n <= 1023 (built from bits: exact and constexpr).
+LOWBIT_HD constexpr double pow2(int n) {
+  return bit_cast<double>(static_cast<std::uint64_t>(n + 1023) << 52);
+}
+
+// floor(log2 |x|) of a finite nonzero float32, subnormals included.
+LOWBIT_HD constexpr int exponent_of(float x) {
+  const std::uint32_t bits = bit_cast<std::uint32_t>(x);
+  const int e = static_cast<int>((bits >> 23) & 0xFFu);
+  if (e != 0)
+    return e - 127;
+  std::uint32_t m = bits & 0x7FFFFFu;
+  int top = -1;
+  while (m != 0) {
+    m >>= 1;
+    ++top;
+  }
+  return -149 + top;
+}
+
+LOWBIT_HD constexpr bool finite(float x) {
+  return ((bit_cast<std::uint32_t>(x) >> 23) & 0xFFu) != 0xFFu;
+}
+
+// x rounded to an integer (|x| < 2^52, so the int64 conversion is exact and truncates).
+LOWBIT_HD constexpr double round_integer(double x, term_rounding r) {
+  const auto i = static_cast<std::int64_t>(x);
+  if (r == term_rounding::toward_zero)
+    return static_cast<double>(i);
+  const double rest = x - static_cast<double>(i); // exact
+  const double half = rest < 0 ? -rest : rest;
+  const bool up = half > 0.5 || (half == 0.5 && (i & 1) != 0);
+  return static_cast<double>(up ? (x < 0 ? i - 1 : i + 1) : i);
+}
+
+// The float32 next to the float32 f in the direction of `up` (toward +Inf) or toward -Inf.
+LOWBIT_HD constexpr float next_float(float f, bool up) {
+  const std::uint32_t b = bit_cast<std::uint32_t>(f);
+  if ((b & 0x7FFFFFFFu) == 0)
+    return bit_cast<float>(up ? 1u : 0x80000001u);
+  return bit_cast<float>((f > 0) == up ? b + 1u : b - 1u);
+}
+
+// s + t (exact; |t| at most half an ulp of the double s, t = 0 when s is exact) rounded to
+// float32. A double to float conversion rounds s to nearest-even; t matters only where s is a
+// tie between two floats (nearest) or s is itself a float (toward zero).
+LOWBIT_HD constexpr float to_float(double s, double t, register_rounding r) {
+  const float f = static_cast<float>(s);
+  const double fd = static_cast<double>(f);
+  if (r == register_rounding::nearest_even) {
+    if (t != 0 && fd != s && finite(f)) {
+      const float other = next_float(f, fd < s);
+      const double od = static_cast<double>(other);
+      const bool tie = (fd > s ? fd - s : s - fd) == (od > s ? od - s : s - od);
+      if (tie && ((od > s) == (t > 0)))
+        return other;
+    }
+    return f;
+  }
+  if (s == 0)
+    return 0.0f;
+  if (!finite(f))
+    return bit_cast<float>(s < 0 ? 0xFF7FFFFFu : 0x7F7FFFFFu); // the largest finite float
+  if ((fd < 0 ? -fd : fd) > (s < 0 ? -s : s))
+    return next_float(f, s < 0);
+  if (fd == s && t != 0 && ((t < 0) == (s > 0)))
+    return next_float(f, s < 0); // s is a float and the exact value lies just inside it
+  return f;
+}
+
+} // namespace detail
+
+// The streaming form of a model: add(p) for each product in order, then finish(). Products are
+// float32 values (the exact products of fp8 and 16-bit operands). NaN and Inf products do not
+// enter the blocks: they are summed in float32 on the side and added to the result at the end,
+// so NaN in gives NaN out and Inf gives Inf (or NaN for Inf - Inf). `exact` is not computable
+// here: finish() returns NaN for it.
+class accumulator {
+public:
+  LOWBIT_HD constexpr explicit accumulator(const accumulation& m) : m_(m) {}
+
+  LOWBIT_HD constexpr void add(float p) {
+    if (m_.kind == accumulation_kind::fp32_sequential) {
+      acc_ = acc_ + p;
+      return;
+    }
+    if (!detail::finite(p)) {
+      special_ = special_ + p;
+      has_special_ = true;
+      p = 0.0f; // keeps the block's length: the alignment of the others is unchanged
+    }
+    buf_[count_++] = p;
+    if (count_ == m_.block)
+      flush();
+  }
+
+  LOWBIT_HD constexpr float finish() {
+    if (m_.kind == accumulation_kind::exact)
+      return detail::bit_cast<float>(0x7FC00000u);
+    if (m_.kind == accumulation_kind::fp32_sequential)
+      return acc_;
+    if (count_ > 0)
+      flush();
+    float r = part_;
+    if (m_.promote_every > 0)
+      r = since_promotion_ > 0 ? acc_ + part_ : acc_;
+    return has_special_ ? special_ + r : r;
+  }
+
+private:
+  LOWBIT_HD constexpr void flush() {
+    const int n = count_;
+    count_ = 0;
+    const bool with_reg = m_.align_with_register && detail::finite(part_);
+    bool any = false;
+    int e_max = 0;
+    for (int i = 0; i < n; ++i)
+      if (buf_[i] != 0.0f) {
+        const int e = detail::exponent_of(buf_[i]);
+        e_max = !any || e > e_max ? e : e_max;
+        any = true;
+      }
+    if (with_reg && part_ != 0.0f) {
+      const int e = detail::exponent_of(part_);
+      e_max = !any || e > e_max ? e : e_max;
+      any = true;
+    }
+    if (any && detail::finite(part_)) {
+      const int q = e_max - m_.fraction_bits; // the grid: multiples of 2^q
+      const double down = detail::pow2(-q);
+      double s = 0; // in units of 2^q; exact: |s| < (k + 1) 2^(f + 1) <= 2^48
+      for (int i = 0; i < n; ++i)
+        s += detail::round_integer(static_cast<double>(buf_[i]) * down, m_.terms);
+      if (with_reg)
+        s += detail::round_integer(static_cast<double>(part_) * down, m_.terms);
+      const double v = s * detail::pow2(q); // exact (the double range holds every q)
+      const float block_sum = detail::to_float(v, 0.0, m_.reg);
+      if (with_reg) {
+        part_ = block_sum;
+      } else {
+        // The register adds the rounded block sum with its own rounding (TwoSum for the tail).
+        const double a = static_cast<double>(part_), b = static_cast<double>(block_sum);
+        const double sum = a + b, bb = sum - a, tail = (a - (sum - bb)) + (b - bb);
+        part_ = detail::to_float(sum, tail, m_.reg);
+      }
+    }
+    if (m_.promote_every > 0 && ++since_promotion_ == m_.promote_every) {
+      acc_ = acc_ + part_;
+      part_ = 0.0f;
+      since_promotion_ = 0;
+    }
+  }
+
+  accumulation m_;
+  float acc_ = 0.0f;  // fp32_sequential's sum, or the promoted float32 accumulator
+  float part_ = 0.0f; // the block register
+  float special_ = 0.0f;
+  bool has_special_ = false;
+  int count_ = 0, since_promotion_ = 0;
+  float buf_[accumulation_max_block] = {};
+};
+
+// The model's sum of products[0..n) in order.
+LOWBIT_HD constexpr float accumulate(const accumulation& m, const float* products, std::int64_t n) {
+  accumulator a(m);
+  for (std::int64_t i = 0; i < n; ++i)
+    a.add(products[i]);
+  return a.finish();
+}
+
+} // namespace lowbit::emu

@@ -1,0 +1,18 @@
+// Exact evaluation of emu's accumulation models (docs/techniques/fp8-training.md), for checking
+// emu::accumulator: the same definition written over Boost rationals (exponents found by
+// comparing with powers of two, grids by exact division, float32 roundings by the reference's
+// own rounding), so it shares no bit tricks with emu.
+#pragma once
+
+#include <vector>
+
+#include <lowbit/emu/accumulate.hpp>
+
+namespace lowbit::reference {
+
+// The model's sum of `products` in order as float32 (its bits are the answer). fp32_sequential
+// and block_fixed_point are evaluated; `exact` is refused (lowbit::error: exact_scaled_matmul
+// rounds the exact sum), and so are invalid models.
+float accumulate_exactly(const emu::accumulation& model, const std::vector<float>& products);
+
+} // namespace lowbit::reference
