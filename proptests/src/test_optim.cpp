@@ -447,7 +447,9 @@ struct bytes_of {
   std::vector<std::uint8_t> code[2];
   friend bool operator==(const bytes_of& a, const bytes_of& b) {
     const auto same = [](const auto& x, const auto& y) {
-      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+      // memcmp may not be given the null data() of an empty vector, even for 0 bytes.
+      return x.size() == y.size() &&
+             (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
     };
     return same(a.p, b.p) && same(a.s[0], b.s[0]) && same(a.s[1], b.s[1]) &&
            same(a.absmax[0], b.absmax[0]) && same(a.absmax[1], b.absmax[1]) &&
