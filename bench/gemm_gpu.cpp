@@ -134,28 +134,10 @@ std::map<std::string, double>& baseline_ms() {
   return m;
 }
 
-// Times fn with events on the default stream after one warm-up call; returns the mean time of
+// Times fn (gpu_bench.hpp's timed_ms); returns the mean time of
 // one call in ms and sets the TFLOPs counter (and vs_bf16 when the shape's baseline ran).
 template <class Fn> double time_gemm(benchmark::State& state, const shape& s, Fn fn) {
-  cudaEvent_t a, b;
-  ok(cudaEventCreate(&a));
-  ok(cudaEventCreate(&b));
-  fn();
-  ok(cudaDeviceSynchronize());
-  double total_ms = 0;
-  for (auto _ : state) {
-    ok(cudaEventRecord(a));
-    fn();
-    ok(cudaEventRecord(b));
-    ok(cudaEventSynchronize(b));
-    float ms = 0;
-    ok(cudaEventElapsedTime(&ms, a, b));
-    total_ms += ms;
-    state.SetIterationTime(ms / 1e3);
-  }
-  ok(cudaEventDestroy(a));
-  ok(cudaEventDestroy(b));
-  const double mean_ms = state.iterations() > 0 ? total_ms / state.iterations() : 0.0;
+  const double mean_ms = timed_ms(state, fn);
   if (mean_ms > 0)
     state.counters["TFLOPs"] = s.flops() / (mean_ms / 1e3) / 1e12;
   const auto it = baseline_ms().find(s.name());

@@ -56,13 +56,15 @@ inline kernels::tensor_view dev_view(void* p, kernels::dtype t,
   return kernels::tensor_view::contiguous(p, t, shape, {kernels::device_type::cuda, 0});
 }
 
-// Times fn with events on the default stream, `bytes` moved per call (after one warm-up call).
-inline void timed(benchmark::State& state, double bytes, const std::function<void()>& fn) {
+// Times fn with events on the default stream as the benchmark's manual time (after one warm-up
+// call); returns the mean milliseconds per call (0 without iterations).
+inline double timed_ms(benchmark::State& state, const std::function<void()>& fn) {
   cudaEvent_t a, b;
   ok(cudaEventCreate(&a));
   ok(cudaEventCreate(&b));
   fn(); // warm-up
   ok(cudaDeviceSynchronize());
+  double total_ms = 0;
   for (auto _ : state) {
     ok(cudaEventRecord(a));
     fn();
@@ -70,13 +72,20 @@ inline void timed(benchmark::State& state, double bytes, const std::function<voi
     ok(cudaEventSynchronize(b));
     float ms = 0;
     ok(cudaEventElapsedTime(&ms, a, b));
+    total_ms += ms;
     state.SetIterationTime(ms / 1e3);
   }
+  ok(cudaEventDestroy(a));
+  ok(cudaEventDestroy(b));
+  return state.iterations() > 0 ? total_ms / state.iterations() : 0.0;
+}
+
+// timed_ms with `bytes` moved per call, reported as GB/s.
+inline void timed(benchmark::State& state, double bytes, const std::function<void()>& fn) {
+  timed_ms(state, fn);
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes * state.iterations()));
   state.counters["GB/s"] =
       benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-  ok(cudaEventDestroy(a));
-  ok(cudaEventDestroy(b));
 }
 
 // of_copy = (bytes / time) / copy bandwidth, both from this run.
