@@ -1,10 +1,13 @@
 // CUDA kernel of the fused optimizer steps: one launch over the work blocks of every tensor of
-// the call (a multi-tensor step); each CUDA block of 256 threads takes a contiguous range of
-// work blocks, one at a time, with the codebooks' search and bucket tables in shared memory
-// loaded once (the nearest entry found through the buckets of blockwise_ops.hpp, which equal the
-// CPU twin's binary search for every |t| <= 1). Per work block: parameter, gradient and states read
-// once, updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced,
-// then everything written once. StableAdamW runs two small kernels first (the RMS partial of each
+// the call (a multi-tensor step). A work block (one absmax block of one tensor) is taken by a
+// group of block / 8 lanes, eight elements per lane: one warp for blocks of 256, which then runs
+// through its work blocks alone (its reductions are shuffles, no barrier), or the whole CUDA block
+// of 256 threads for blocks of 2048. Each group takes a contiguous range of work blocks, one at a
+// time, with the codebooks' search and bucket tables in shared memory loaded once per CUDA block
+// (the nearest entry found through the buckets of blockwise_ops.hpp, which equal the CPU twin's
+// binary search for every |t| <= 1). Per work block: parameter, gradient and states read once,
+// updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced, then
+// everything written once. StableAdamW runs two small kernels first (the RMS partial of each
 // work block, then each tensor's eta) in the tree that optim_cpu.cpp mirrors.
 #include <cuda_runtime.h>
 
@@ -22,6 +25,7 @@ namespace d = optim_detail;
 namespace bops = blockwise_ops;
 
 constexpr int warps = optim_threads / 32;
+constexpr int EPT = optim_per_lane;
 
 __device__ std::int64_t tensor_of(const optim_item* items, std::int64_t count, std::int64_t wb) {
   std::int64_t lo = 0, hi = count; // the last item with block0 <= wb: in [lo, hi)
@@ -35,14 +39,73 @@ __device__ std::int64_t tensor_of(const optim_item* items, std::int64_t count, s
   return lo;
 }
 
-// The work blocks of this CUDA block: a contiguous range, so that the tensor of each is found by
+// The lanes of one work block: W warps (1: a warp, 8: the CUDA block), their reductions.
+template <int W> struct lane_group {
+  static constexpr int lanes = 32 * W;
+  static constexpr int per_block = warps / W; // groups per CUDA block
+  __device__ static int rank() { return static_cast<int>(threadIdx.x) % lanes; }
+  __device__ static std::int64_t index() {
+    return static_cast<std::int64_t>(blockIdx.x) * per_block + threadIdx.x / lanes;
+  }
+  __device__ static std::int64_t count() {
+    return static_cast<std::int64_t>(gridDim.x) * per_block;
+  }
+  __device__ static bool any(bool v) {
+    if constexpr (W == 1)
+      return __any_sync(0xFFFFFFFFu, v) != 0;
+    else
+      return __syncthreads_or(v) != 0;
+  }
+  // The maximum of the lanes' values, in every lane (order-free).
+  __device__ static std::uint32_t max_of(std::uint32_t v, std::uint32_t* red) {
+    for (int off = 16; off > 0; off >>= 1)
+      v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    if constexpr (W == 1) {
+      return v;
+    } else {
+      if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = v;
+      __syncthreads();
+      std::uint32_t m = red[0];
+      for (int k = 1; k < W; ++k)
+        m = max(m, red[k]);
+      __syncthreads();
+      return m;
+    }
+  }
+  // The sum of the lanes' values in optim_cpu.cpp's tree (each warp's lanes pairwise by halving
+  // strides, then the warps so); the result in rank 0.
+  __device__ static float sum_of(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1)
+      v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
+    if constexpr (W == 1) {
+      return v;
+    } else {
+      const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+      if (l == 0)
+        red[w] = v;
+      __syncthreads();
+      float s = 0.0f;
+      if (w == 0) {
+        s = l < W ? red[l] : 0.0f;
+        for (int off = W / 2; off > 0; off >>= 1)
+          s = s + __shfl_down_sync(0xFFFFFFFFu, s, off);
+      }
+      __syncthreads();
+      return s;
+    }
+  }
+};
+
+// The work blocks of this lane group: a contiguous range, so that the tensor of each is found by
 // one search at the start and then by stepping forward (the order of work blocks changes no
 // result: each is computed alone).
-struct work_range {
+template <int W> struct work_range {
   std::int64_t first, last, j;
   __device__ static work_range of(const optim_item* items, std::int64_t count, std::int64_t total) {
-    const std::int64_t per = (total + gridDim.x - 1) / gridDim.x;
-    const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * per;
+    using grp = lane_group<W>;
+    const std::int64_t per = (total + grp::count() - 1) / grp::count();
+    const std::int64_t first = grp::index() * per;
     const std::int64_t last = min(total, first + per);
     return {first, last, first < last ? tensor_of(items, count, first) : 0};
   }
@@ -63,47 +126,16 @@ __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
   __syncthreads();
 }
 
-// The block maximum of the threads' values (order-free).
-__device__ std::uint32_t block_max(std::uint32_t v, std::uint32_t* red) {
-  for (int off = 16; off > 0; off >>= 1)
-    v = max(v, __shfl_down_sync(0xFFFFFFFFu, v, off));
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  if (l == 0)
-    red[w] = v;
-  __syncthreads();
-  std::uint32_t m = red[0];
-  for (int k = 1; k < warps; ++k)
-    m = max(m, red[k]);
-  __syncthreads();
-  return m;
-}
-
-// The block sum of the threads' values in optim_cpu.cpp's tree; the result in thread 0.
-__device__ float block_sum(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1)
-    v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  if (l == 0)
-    red[w] = v;
-  __syncthreads();
-  float s = 0.0f;
-  if (w == 0) {
-    s = l < warps ? red[l] : 0.0f;
-    for (int off = warps / 2; off > 0; off >>= 1)
-      s = s + __shfl_down_sync(0xFFFFFFFFu, s, off);
-  }
-  __syncthreads();
-  return s;
-}
-
-template <int EPT>
+template <int W>
 __global__ void __launch_bounds__(optim_threads)
     rms_partial_kernel(optim_shared sh, const optim_item* items, std::int64_t count,
                        std::int64_t total, const bops::tables* tabs, float* partial) {
+  using grp = lane_group<W>;
   __shared__ bops::tables tb[2];
   __shared__ float red[warps];
   load_tables(tabs, tb);
-  const work_range range = work_range::of(items, count, total);
+  const int r = grp::rank();
+  const work_range<W> range = work_range<W>::of(items, count, total);
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
@@ -114,20 +146,20 @@ __global__ void __launch_bounds__(optim_threads)
     bool bad = false;
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      const std::int64_t i = i0 + r + k * grp::lanes;
       if (i < end) {
         const float g = d::load_param(it.ptype, it.grad, i);
         const float v = d::load_state(it, 1, tb[1].value, i, b);
         const float gg = sh.c.maximize ? -g : g;
         const float vn = optim_ops::stable_v(sh.c, gg, v);
-        const float r = optim_ops::stable_rms_term(sh.c, gg, vn);
-        bad |= !optim_ops::finite(g) | !optim_ops::finite(vn) | !optim_ops::finite(r);
-        s = s + r;
+        const float rt = optim_ops::stable_rms_term(sh.c, gg, vn);
+        bad |= !optim_ops::finite(g) | !optim_ops::finite(vn) | !optim_ops::finite(rt);
+        s = s + rt;
       }
     }
-    bad = __syncthreads_or(bad) != 0;
-    const float sum = block_sum(s, red);
-    if (threadIdx.x == 0)
+    bad = grp::any(bad);
+    const float sum = grp::sum_of(s, red);
+    if (r == 0)
       partial[wb] = bad ? d::excluded_partial : sum;
   }
 }
@@ -167,17 +199,19 @@ __global__ void __launch_bounds__(optim_threads)
 }
 
 // Writes state q of one work block: float32 values, or the block's absmax and codes. Takes the
-// thread's values as an array reference, so that after inlining they stay in registers.
-template <int EPT>
+// lane's values as an array reference, so that after inlining they stay in registers.
+template <int W>
 __device__ __forceinline__ void
 store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j, std::int64_t b,
             std::int64_t i0, std::int64_t end, const optim_shared& sh, const bops::tables& tq,
             const std::uint32_t* bq, std::uint32_t* red) {
+  using grp = lane_group<W>;
+  const int r = grp::rank();
   void* dst = q == 0 ? it.s1 : it.s2;
   if (!it.eight_bit) {
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      const std::int64_t i = i0 + r + k * grp::lanes;
       if (i < end)
         static_cast<float*>(dst)[i] = sv[k];
     }
@@ -187,12 +221,12 @@ store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j,
 #pragma unroll
   for (int k = 0; k < EPT; ++k)
     m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
-  const std::uint32_t amax = block_max(m, red);
-  if (threadIdx.x == 0)
+  const std::uint32_t amax = grp::max_of(m, red);
+  if (r == 0)
     (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
-    const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+    const std::int64_t i = i0 + r + k * grp::lanes;
     if (i < end) {
       std::uint8_t code;
       if (sh.stochastic) {
@@ -206,11 +240,12 @@ store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j,
   }
 }
 
-template <int EPT>
+template <int W>
 __global__ void __launch_bounds__(optim_threads)
     step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
                 const bops::tables* tabs, const std::uint32_t* bks, const float* eta_decay,
                 std::int64_t* skipped) {
+  using grp = lane_group<W>;
   __shared__ bops::tables tb[2]; // signed, unsigned
   __shared__ std::uint32_t bk[2][bops::bucket_count];
   __shared__ std::uint32_t red[warps];
@@ -220,7 +255,8 @@ __global__ void __launch_bounds__(optim_threads)
   const int ns = sh.states;
   const int t0 = d::state_signed(sh.kind, 0) ? 0 : 1;
   const int t1 = d::state_signed(sh.kind, 1) ? 0 : 1;
-  const work_range range = work_range::of(items, count, total);
+  const int r = grp::rank();
+  const work_range<W> range = work_range<W>::of(items, count, total);
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
@@ -236,7 +272,7 @@ __global__ void __launch_bounds__(optim_threads)
     bool bad = false;
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      const std::int64_t i = i0 + r + k * grp::lanes;
       np[k] = s1[k] = s2[k] = 0.0f;
       if (i < end) {
         const float p0 = d::load_param(it.ptype, it.param, i);
@@ -251,21 +287,21 @@ __global__ void __launch_bounds__(optim_threads)
                (ns > 0 && !optim_ops::finite(res.s1)) | (ns > 1 && !optim_ops::finite(res.s2));
       }
     }
-    if (__syncthreads_or(bad) != 0) {
-      if (threadIdx.x == 0 && skipped != nullptr)
+    if (grp::any(bad)) {
+      if (r == 0 && skipped != nullptr)
         atomicAdd(reinterpret_cast<unsigned long long*>(skipped + j), 1ull);
       continue;
     }
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
-      const std::int64_t i = i0 + threadIdx.x + k * optim_threads;
+      const std::int64_t i = i0 + r + k * grp::lanes;
       if (i < end)
         d::store_param(it.ptype, it.param, i, np[k]);
     }
     if (ns > 0)
-      store_state<EPT>(s1, 0, it, j, b, i0, end, sh, tb[t0], bk[t0], red);
+      store_state<W>(s1, 0, it, j, b, i0, end, sh, tb[t0], bk[t0], red);
     if (ns > 1)
-      store_state<EPT>(s2, 1, it, j, b, i0, end, sh, tb[t1], bk[t1], red);
+      store_state<W>(s2, 1, it, j, b, i0, end, sh, tb[t1], bk[t1], red);
   }
 }
 
@@ -286,17 +322,20 @@ const bucket_tables& buckets_of(const optim_problem& p) {
   return bt;
 }
 
-template <class Kernel> unsigned grid_of(Kernel k, std::int64_t total) {
+// CUDA blocks for `total` work blocks taken by groups of W warps: as many as fit on the device
+// at once (each group walks its range), fewer where there are fewer work blocks.
+template <int W, class Kernel> unsigned grid_of(Kernel k, std::int64_t total) {
   const int per_sm = once_per_device([k](int) {
     int b = 0;
     LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, optim_threads, 0));
     return b < 1 ? 1 : b;
   });
   const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
-  return static_cast<unsigned>(total < cap ? total : cap);
+  const std::int64_t need = (total + lane_group<W>::per_block - 1) / lane_group<W>::per_block;
+  return static_cast<unsigned>(need < cap ? need : cap);
 }
 
-template <int EPT> void launch(const optim_problem& p, const exec& ex) {
+template <int W> void launch(const optim_problem& p, const exec& ex) {
   const cudaStream_t s = stream_of(ex);
   const std::int64_t count = static_cast<std::int64_t>(p.items.size());
   // One upload: the tensor table, then the two codebooks' tables.
@@ -321,15 +360,15 @@ template <int EPT> void launch(const optim_problem& p, const exec& ex) {
   if (stable) {
     float* partial = extra.as<float>();
     eta_decay = partial + p.total_blocks;
-    rms_partial_kernel<EPT>
-        <<<grid_of(rms_partial_kernel<EPT>, p.total_blocks), optim_threads, 0, s>>>(
+    rms_partial_kernel<W>
+        <<<grid_of<W>(rms_partial_kernel<W>, p.total_blocks), optim_threads, 0, s>>>(
             p.sh, items, count, p.total_blocks, tabs, partial);
     check_launch("rms_partial_kernel");
     eta_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
                                                                       eta_decay);
     check_launch("eta_kernel");
   }
-  step_kernel<EPT><<<grid_of(step_kernel<EPT>, p.total_blocks), optim_threads, 0, s>>>(
+  step_kernel<W><<<grid_of<W>(step_kernel<W>, p.total_blocks), optim_threads, 0, s>>>(
       p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, p.skipped);
   check_launch("step_kernel");
 }
@@ -337,10 +376,10 @@ template <int EPT> void launch(const optim_problem& p, const exec& ex) {
 } // namespace
 
 void optimizer_step(const optim_problem& p, const exec& ex) {
-  if (p.sh.block == 2048)
-    launch<2048 / optim_threads>(p, ex);
+  if (optim_lanes(p.sh.block) == optim_threads)
+    launch<warps>(p, ex); // blocks of 2048: the CUDA block
   else
-    launch<256 / optim_threads>(p, ex);
+    launch<1>(p, ex); // blocks of 256: a warp
 }
 
 } // namespace lowbit::kernels::cuda

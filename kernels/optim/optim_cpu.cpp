@@ -1,9 +1,9 @@
 // CPU twin of the fused optimizer steps: the per-element updates of optim_ops.hpp and the
 // block-level code of optim_internal.hpp, work blocks processed in parallel. Block maxima and the
 // skip decision are order-free; StableAdamW's RMS is summed in the CUDA kernel's tree (each of
-// 256 lanes sums its elements in order, then a warp's 32 lanes pairwise by halving strides, then
-// the 8 warps; the tensor's block partials in double, 256 lanes in order then halving strides),
-// so the results equal the GPU's bit for bit.
+// the work block's block / 8 lanes sums its elements in order, then each warp's 32 lanes pairwise
+// by halving strides, then the warps so, where there are several; the tensor's block partials in
+// double, 256 lanes in order then halving strides), so the results equal the GPU's bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -26,16 +26,18 @@ std::int64_t tensor_of(const optim_problem& p, std::int64_t wb) {
   return static_cast<std::int64_t>(it - p.items.begin()) - 1;
 }
 
-// The kernel's block sum of one float per thread (lanes: optim_threads values).
-float tree_sum(float* lane) {
-  for (int w = 0; w < optim_threads / 32; ++w)
+// The kernel's sum of one float per lane of a work block (lanes: a multiple of 32, at most
+// optim_threads).
+float tree_sum(float* lane, int lanes) {
+  const int nw = lanes / 32;
+  for (int w = 0; w < nw; ++w)
     for (int off = 16; off > 0; off >>= 1)
       for (int l = 0; l < off; ++l)
         lane[32 * w + l] = lane[32 * w + l] + lane[32 * w + l + off];
   float warp[optim_threads / 32];
-  for (int w = 0; w < optim_threads / 32; ++w)
+  for (int w = 0; w < nw; ++w)
     warp[w] = lane[32 * w];
-  for (int off = optim_threads / 64; off > 0; off >>= 1)
+  for (int off = nw / 2; off > 0; off >>= 1)
     for (int l = 0; l < off; ++l)
       warp[l] = warp[l] + warp[l + off];
   return warp[0];
@@ -46,11 +48,12 @@ float tree_sum(float* lane) {
 float rms_partial(const optim_problem& p, const optim_item& it, std::int64_t b) {
   const std::int64_t block = p.sh.block, i0 = (b - it.block0) * block;
   const bops::tables& tu = p.tb_unsigned;
+  const int lanes = optim_lanes(block);
   float lane[optim_threads];
   bool bad = false;
-  for (int t = 0; t < optim_threads; ++t) {
+  for (int t = 0; t < lanes; ++t) {
     float s = 0.0f;
-    for (std::int64_t i = i0 + t; i < std::min(it.n, i0 + block); i += optim_threads) {
+    for (std::int64_t i = i0 + t; i < std::min(it.n, i0 + block); i += lanes) {
       const float g = d::load_param(it.ptype, it.grad, i);
       const float v = d::load_state(it, 1, tu.value, i, b - it.block0);
       const float gg = p.sh.c.maximize ? -g : g;
@@ -61,7 +64,7 @@ float rms_partial(const optim_problem& p, const optim_item& it, std::int64_t b) 
     }
     lane[t] = s;
   }
-  return bad ? d::excluded_partial : tree_sum(lane);
+  return bad ? d::excluded_partial : tree_sum(lane, lanes);
 }
 
 // The kernel's per-tensor total of the block partials.

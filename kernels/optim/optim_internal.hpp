@@ -17,10 +17,15 @@
 
 namespace lowbit::kernels {
 
-// Threads of one CUDA block, and the lanes of the CPU twin's mirror of its reductions. A work
-// block is one absmax block of one tensor (block elements); thread t holds its elements
-// t, t + 256, ...
+// Threads of one CUDA block. A work block is one absmax block of one tensor (block elements),
+// taken by block / 8 lanes (one warp for blocks of 256, the whole CUDA block for 2048): lane t
+// holds its elements t, t + lanes, ... (eight of them), and the CPU twin mirrors the lanes'
+// reductions.
 inline constexpr int optim_threads = 256;
+inline constexpr int optim_per_lane = 8;
+LOWBIT_HD LOWBIT_INLINE int optim_lanes(std::int64_t block) {
+  return static_cast<int>(block / optim_per_lane);
+}
 
 enum class param_kind : std::uint8_t { f32, bf16, f16 };
 
