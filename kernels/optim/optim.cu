@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../common/cuda.hpp"
@@ -198,6 +199,15 @@ __global__ void __launch_bounds__(optim_threads)
   }
 }
 
+// The stochastically rounded code of state q's value x of element i of tensor j, out of line:
+// Philox's rounds, inlined for each of a lane's elements, would grow the kernel's body several
+// times over for a mode that is rarely on.
+__device__ __noinline__ std::uint8_t stochastic_code(const bops::tables& tq, float x,
+                                                     std::uint32_t amax, const optim_shared& sh,
+                                                     std::int64_t j, int q, std::int64_t i) {
+  return d::encode_state(tq, x, amax, true, d::random_bits(sh, j, q, i));
+}
+
 // Writes state q of one work block: float32 values, or the block's absmax and codes. Takes the
 // lane's values as an array reference, so that after inlining they stay in registers.
 template <int W>
@@ -230,7 +240,7 @@ store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j,
     if (i < end) {
       std::uint8_t code;
       if (sh.stochastic) {
-        code = d::encode_state(tq, sv[k], amax, true, d::random_bits(sh, j, q, i));
+        code = stochastic_code(tq, sv[k], amax, sh, j, q, i);
       } else { // |t| <= 1, not NaN: the bucket search equals nearest_index
         const float t = bops::normalized(sv[k], amax);
         code = static_cast<std::uint8_t>(bops::nearest_by_buckets(bq, tq.sum_hi, tq.sum_lo, t));
@@ -240,7 +250,10 @@ store_state(const float (&sv)[EPT], int q, const optim_item& it, std::int64_t j,
   }
 }
 
-template <int W>
+// One instance per optimizer K (sh.kind): the body holds one update, which keeps it small
+// enough for the instruction caches (with every update inlined eight times over, stalls on
+// instruction fetch dominated).
+template <int W, optimizer K>
 __global__ void __launch_bounds__(optim_threads)
     step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
                 const bops::tables* tabs, const std::uint32_t* bks, const float* eta_decay,
@@ -279,7 +292,7 @@ __global__ void __launch_bounds__(optim_threads)
         const float g = d::load_param(it.ptype, it.grad, i);
         const float a = ns > 0 ? d::load_state(it, 0, tb[t0].value, i, b) : 0.0f;
         const float c = ns > 1 ? d::load_state(it, 1, tb[t1].value, i, b) : 0.0f;
-        const optim_ops::result res = d::update(sh, eta, decay, p0, g, a, c);
+        const optim_ops::result res = d::update(K, sh, eta, decay, p0, g, a, c);
         np[k] = res.p;
         s1[k] = res.s1;
         s2[k] = res.s2;
@@ -324,10 +337,13 @@ const bucket_tables& buckets_of(const optim_problem& p) {
 
 // CUDA blocks for `total` work blocks taken by groups of W warps: as many as fit on the device
 // at once (each group walks its range), fewer where there are fewer work blocks.
-template <int W, class Kernel> unsigned grid_of(Kernel k, std::int64_t total) {
-  const int per_sm = once_per_device([k](int) {
+// The kernel is a template argument: once_per_device caches per lambda type, which is then one
+// per kernel (kernels of one signature would otherwise share an entry).
+template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
+  const int per_sm = once_per_device([](int) {
     int b = 0;
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, optim_threads, 0));
+    LOWBIT_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, optim_threads, 0));
     return b < 1 ? 1 : b;
   });
   const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
@@ -361,16 +377,29 @@ template <int W> void launch(const optim_problem& p, const exec& ex) {
     float* partial = extra.as<float>();
     eta_decay = partial + p.total_blocks;
     rms_partial_kernel<W>
-        <<<grid_of<W>(rms_partial_kernel<W>, p.total_blocks), optim_threads, 0, s>>>(
+        <<<grid_of<W, rms_partial_kernel<W>>(p.total_blocks), optim_threads, 0, s>>>(
             p.sh, items, count, p.total_blocks, tabs, partial);
     check_launch("rms_partial_kernel");
     eta_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
                                                                       eta_decay);
     check_launch("eta_kernel");
   }
-  step_kernel<W><<<grid_of<W>(step_kernel<W>, p.total_blocks), optim_threads, 0, s>>>(
-      p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, p.skipped);
-  check_launch("step_kernel");
+  const auto run = [&](auto kind) {
+    constexpr auto kernel = step_kernel<W, decltype(kind)::value>;
+    kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(
+        p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, p.skipped);
+    check_launch("step_kernel");
+  };
+  using o = optimizer;
+  switch (p.sh.kind) {
+  case o::adam: return run(std::integral_constant<o, o::adam>{});
+  case o::adamw: return run(std::integral_constant<o, o::adamw>{});
+  case o::stable_adamw: return run(std::integral_constant<o, o::stable_adamw>{});
+  case o::sgd: return run(std::integral_constant<o, o::sgd>{});
+  case o::lion: return run(std::integral_constant<o, o::lion>{});
+  case o::rmsprop: return run(std::integral_constant<o, o::rmsprop>{});
+  default: return run(std::integral_constant<o, o::adagrad>{});
+  }
 }
 
 } // namespace

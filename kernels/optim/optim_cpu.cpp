@@ -105,7 +105,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     const float g = d::load_param(it.ptype, it.grad, i);
     const float a = ns > 0 ? d::load_state(it, 0, tb[0]->value, i, b) : 0.0f;
     const float c = ns > 1 ? d::load_state(it, 1, tb[1]->value, i, b) : 0.0f;
-    const optim_ops::result r = d::update(p.sh, eta, decay, p0, g, a, c);
+    const optim_ops::result r = d::update(p.sh.kind, p.sh, eta, decay, p0, g, a, c);
     np[e] = r.p;
     s1[e] = r.s1;
     s2[e] = r.s2;

@@ -131,10 +131,13 @@ LOWBIT_HD LOWBIT_INLINE float load_state(const optim_item& it, int k, const floa
   return bops::decode(value[static_cast<const std::uint8_t*>(s)[i]], a[b]);
 }
 
-// The update of one element; eta and decay are StableAdamW's per-tensor values.
-LOWBIT_HD LOWBIT_INLINE optim_ops::result update(const optim_shared& sh, float eta, float decay,
-                                                 float p, float g, float s1, float s2) {
-  switch (sh.kind) {
+// The update of one element by optimizer `kind` (sh.kind; the CUDA kernel passes it as a
+// compile-time constant, so that each of its instances holds one update); eta and decay are
+// StableAdamW's per-tensor values.
+LOWBIT_HD LOWBIT_INLINE optim_ops::result update(optimizer kind, const optim_shared& sh, float eta,
+                                                 float decay, float p, float g, float s1,
+                                                 float s2) {
+  switch (kind) {
   case optimizer::adam: return optim_ops::adam(sh.c, false, p, g, s1, s2);
   case optimizer::adamw: return optim_ops::adam(sh.c, true, p, g, s1, s2);
   case optimizer::stable_adamw: return optim_ops::stable_adamw(sh.c, eta, decay, p, g, s1, s2);
