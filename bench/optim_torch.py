@@ -9,6 +9,7 @@ states exist). A device-to-device copy of the parameters gives the copy bandwidt
 and lowbit's rows report their bandwidth for the bytes they must move as a fraction of it.
 
     python bench/optim_torch.py --device cuda --layers 51 --steps 20 [--json out.json]
+        [--train-tokens 4096]   # also a training step's peak memory and time
     python bench/optim_torch.py --device cpu --layers 1 --steps 3     # a quick check
 """
 
@@ -96,12 +97,69 @@ def timed(fn, steps: int, device: str) -> float:
     return (time.perf_counter() - t) * 1e3 / steps
 
 
+class Layer(torch.nn.Module):
+    """A ViT-H-shaped layer's parameters (the 12 tensors of shapes()) in a forward pass that uses
+    every one of them (attention's softmax left out: it holds no parameters)."""
+
+    def __init__(self, w: int = 1280, mlp: int = 5120) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(w), torch.nn.LayerNorm(w)
+        self.qkv, self.proj = torch.nn.Linear(w, 3 * w), torch.nn.Linear(w, w)
+        self.fc1, self.fc2 = torch.nn.Linear(w, mlp), torch.nn.Linear(mlp, w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        x = x + self.proj(q * torch.sigmoid(k) + v)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def train_step_memory(layers: int, tokens: int, steps: int) -> list[dict]:
+    """Peak memory (torch.cuda.max_memory_allocated) and time of a training step (forward and
+    backward under bfloat16 autocast, then the optimizer's step) of `layers` Layers with float32
+    parameters, per optimizer, after one step has made the states."""
+    rows = []
+    for name, make in contenders("cuda"):
+        if "bitsandbytes" in name or "optimi" in name:
+            continue
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(Layer() for _ in range(layers))).cuda()
+        opt = make(list(model.parameters()))
+        x = torch.randn(tokens, 1280, device="cuda")
+
+        def step() -> None:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        ms = timed(step, steps, "cuda")
+        n = sum(p.numel() for p in model.parameters())
+        rows.append({"optimizer": name, "params": n, "tokens": tokens,
+                     "peak_bytes": torch.cuda.max_memory_allocated(),
+                     "peak_bytes_per_param": torch.cuda.max_memory_allocated() / n,
+                     "ms_per_train_step": ms})
+        print(json.dumps(rows[-1]))
+        del model, opt, x
+        torch.cuda.empty_cache()
+    base = rows[0]["peak_bytes"] if rows else None
+    for r in rows:
+        r["peak_vs_torch_adamw"] = r["peak_bytes"] / base if base else None
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--layers", type=int, default=51)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--train-tokens", type=int, default=0,
+                    help="CUDA: also a training step of the same layers on this many tokens "
+                         "(peak memory and time per optimizer)")
     args = ap.parse_args()
     dev = args.device
     params = make_params(args.layers, dev)
@@ -142,10 +200,16 @@ def main() -> None:
         del opt, ps
         if dev == "cuda":
             torch.cuda.empty_cache()
+    train = []
+    if dev == "cuda" and args.train_tokens > 0:
+        del params
+        torch.cuda.empty_cache()
+        train = train_step_memory(args.layers, args.train_tokens, max(3, args.steps // 4))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": dev, "tensors": len(params), "params": n,
-                       "copy_bytes_per_s": copy_bps, "rows": rows}, f, indent=1)
+            json.dump({"device": dev, "tensors": len(shapes(args.layers)), "params": n,
+                       "copy_bytes_per_s": copy_bps, "rows": rows, "train_step": train}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
