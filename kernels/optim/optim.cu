@@ -342,8 +342,7 @@ const bucket_tables& buckets_of(const optim_problem& p) {
 template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
   const int per_sm = once_per_device([](int) {
     int b = 0;
-    LOWBIT_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, optim_threads, 0));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, optim_threads, 0));
     return b < 1 ? 1 : b;
   });
   const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
