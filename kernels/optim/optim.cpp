@@ -261,8 +261,7 @@ bool plainly_valid(const optim_tensor& t, int ns, std::int64_t block, const devi
   const std::int64_t n = pv.numel(), blocks = blockwise_blocks(n, block);
   const tensor_view& r = t.residual;
   if (r.data != nullptr && (pv.type == dtype::float32 || !plainly_flat(r) || r.numel() != n ||
-                            r.dev != dev ||
-       (r.type != dtype::int16 && r.type != dtype::int8)))
+                            r.dev != dev || (r.type != dtype::int16 && r.type != dtype::int8)))
     return false;
   const bool eight = ns > 0 && t.state1.type == dtype::uint8;
   const tensor_view* st[2] = {&t.state1, &t.state2};

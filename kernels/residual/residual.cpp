@@ -47,8 +47,8 @@ residual_problem checked(const char* fn, const tensor_view& x, const tensor_view
   p.w = static_cast<std::uint16_t*>(w.data);
   p.r = r.data;
   p.n = w.numel();
-  p.kind = w.type == dtype::bfloat16 ? residual_ops::weight_kind::bf16
-                                     : residual_ops::weight_kind::f16;
+  p.kind =
+      w.type == dtype::bfloat16 ? residual_ops::weight_kind::bf16 : residual_ops::weight_kind::f16;
   p.bits = bits;
   return p;
 }

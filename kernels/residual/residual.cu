@@ -40,8 +40,8 @@ void residual_split(const residual_problem& p, const exec& ex) {
     split_kernel<<<g, threads, 0, stream_of(ex)>>>(p.x, p.w, static_cast<std::int8_t*>(p.r), p.n,
                                                    p.kind, p.bits);
   else
-    split_kernel<<<g, threads, 0, stream_of(ex)>>>(p.x, p.w, static_cast<std::int16_t*>(p.r),
-                                                   p.n, p.kind, p.bits);
+    split_kernel<<<g, threads, 0, stream_of(ex)>>>(p.x, p.w, static_cast<std::int16_t*>(p.r), p.n,
+                                                   p.kind, p.bits);
   check_launch("residual split_kernel");
 }
 

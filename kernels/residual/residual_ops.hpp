@@ -82,7 +82,7 @@ LOWBIT_HD LOWBIT_INLINE parts split(weight_kind t, int bits, float x) {
   const std::int64_t hi = (std::int64_t{1} << (bits - 1)) - 1, lo = -hi - 1;
   // round(d / q), ties up: floor((d + q/2) / q).
   const std::int64_t half = s > 0 ? (std::int64_t{1} << (s - 1)) : 0;
-  std::int64_t r = (d + half) >> s; // C++20: >> of a negative value is floor division
+  std::int64_t r = (d + half) >> s;    // C++20: >> of a negative value is floor division
   r = r > hi ? hi : (r < lo ? lo : r); // float16 below 2^-14 (k <= 13) or 2^-17 (k = 16)
   return {w, static_cast<std::int32_t>(r)};
 }

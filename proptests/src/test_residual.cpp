@@ -120,7 +120,8 @@ float edge_float(std::mt19937_64& r) {
   }
   case 4: { // the overflow thresholds: bfloat16 near float32's max, float16 near 65504/65520
     const float base = (r() & 1) ? std::numeric_limits<float>::max() : 65520.0f;
-    const auto m = static_cast<std::int64_t>(bits_of(base)) - static_cast<std::int64_t>(r() % 70000);
+    const auto m =
+        static_cast<std::int64_t>(bits_of(base)) - static_cast<std::int64_t>(r() % 70000);
     return float_of(sign | static_cast<std::uint32_t>(m));
   }
   case 5: return float_of(sign | static_cast<std::uint32_t>(r() % 0x00800000u)); // subnormal
@@ -130,8 +131,9 @@ float edge_float(std::mt19937_64& r) {
   }
   case 7: return float_of(sign | (static_cast<std::uint32_t>(r() % 3) == 0 ? 0x7F800000u : 0u));
   case 8: return float_of(sign | 0x7F800000u | (1u + static_cast<std::uint32_t>(r() % 0x7FFFFFu)));
-  default: return static_cast<float>(std::normal_distribution<double>(0.0, 1.0)(r)) *
-                  std::ldexp(1.0f, static_cast<int>(r() % 40) - 20);
+  default:
+    return static_cast<float>(std::normal_distribution<double>(0.0, 1.0)(r)) *
+           std::ldexp(1.0f, static_cast<int>(r() % 40) - 20);
   }
 }
 
@@ -153,14 +155,14 @@ TEST(residual_twin, split_and_join_match_the_exact_reference) {
     const split_out o = twin_split_join(t, bits, x);
     for (std::size_t i = 0; i < x.size(); ++i) {
       const reference::residual_parts e = reference::residual_split_exact(ref_of(t), bits, x[i]);
-      const std::string what = std::string(t == wk::bf16 ? "bf16" : "f16") + " k=" +
-                               std::to_string(bits) + " x=" + test::describe_input(x[i]);
+      const std::string what = std::string(t == wk::bf16 ? "bf16" : "f16") +
+                               " k=" + std::to_string(bits) + " x=" + test::describe_input(x[i]);
       if (o.w[i] != e.w || o.r[i] != e.r)
         RC_FAIL(what + ": twin (" + test::hex_code(o.w[i]) + ", " + std::to_string(o.r[i]) +
                 ") reference (" + test::hex_code(e.w) + ", " + std::to_string(e.r) + ")");
       const float j = reference::residual_join_exact(ref_of(t), bits, e.w, e.r);
-      if (!same_bits(o.y[i], j) && !(std::isnan(o.y[i]) && std::isnan(j) &&
-                                     std::signbit(o.y[i]) == std::signbit(j)))
+      if (!same_bits(o.y[i], j) &&
+          !(std::isnan(o.y[i]) && std::isnan(j) && std::signbit(o.y[i]) == std::signbit(j)))
         RC_FAIL(what + ": join twin " + test::describe_input(o.y[i]) + " reference " +
                 test::describe_input(j));
     }
@@ -172,26 +174,32 @@ TEST(residual_twin, split_and_join_match_the_exact_reference) {
 // reconstruction error in float32 steps (rank difference) obeys the bound.
 void check_claims(wk t, int bits, float x, std::uint16_t w, std::int32_t rr, float y,
                   std::string& fail) {
-  const std::string what = std::string(t == wk::bf16 ? "bf16" : "f16") + " k=" +
-                           std::to_string(bits) + " x=" + test::describe_input(x) + ": ";
+  // built on failure only: the sweeps call this 2^32 times
+  const auto what = [&] {
+    return std::string(t == wk::bf16 ? "bf16" : "f16") + " k=" + std::to_string(bits) +
+           " x=" + test::describe_input(x) + ": ";
+  };
   if (std::isnan(x)) {
     if (!std::isnan(y) || std::signbit(y) != std::signbit(x) || rr != 0)
-      fail = what + "NaN not kept as a NaN of its sign";
+      fail = what() + "NaN not kept as a NaN of its sign";
     return;
   }
-  const auto nearest = static_cast<std::uint16_t>(
-      emu::encode(format_of(t), x, emu::policy{emu::rounding::nearest_away}));
+  constexpr emu::format bf16 = emu::bfloat16, f16 = emu::float16;
+  constexpr emu::policy away{emu::rounding::nearest_away};
+  const auto nearest = static_cast<std::uint16_t>(t == wk::bf16 ? emu::encode(bf16, x, away)
+                                                                : emu::encode(f16, x, away));
   if (w != nearest) {
-    fail = what + "weight " + test::hex_code(w) + ", nearest (ties away) " + test::hex_code(nearest);
+    fail =
+        what() + "weight " + test::hex_code(w) + ", nearest (ties away) " + test::hex_code(nearest);
     return;
   }
   const std::int32_t hi = (1 << (bits - 1)) - 1, lo = -hi - 1;
   if (rr < lo || rr > hi) {
-    fail = what + "residual " + std::to_string(rr) + " outside k bits";
+    fail = what() + "residual " + std::to_string(rr) + " outside k bits";
     return;
   }
   if (std::signbit(y) != std::signbit(x)) {
-    fail = what + "sign lost";
+    fail = what() + "sign lost";
     return;
   }
   const std::int64_t dy = static_cast<std::int64_t>(bits_of(y) & 0x7FFFFFFFu) -
@@ -199,30 +207,30 @@ void check_claims(wk t, int bits, float x, std::uint16_t w, std::int32_t rr, flo
   const std::int64_t err = dy < 0 ? -dy : dy;
   const int s = std::max(0, extra_of(t) - bits);
   const std::int64_t q = std::int64_t{1} << s;
-  const float wv = emu::decode<float>(format_of(t), w);
+  const float wv = t == wk::bf16 ? emu::decode<float>(bf16, w) : emu::decode<float>(f16, w);
   const double ax = std::fabs(static_cast<double>(x));
   if (t == wk::bf16 || (ax >= std::ldexp(1.0, -14) && ax < 65520.0)) {
     // The normal range of w (all of float32 for bfloat16): |err| <= q/2, or q - 1 when the
     // residual saturated at its top (d within q/2 of 2^(e-1)); exact for q = 1.
     const std::int64_t bound = q == 1 ? 0 : (rr == hi ? q - 1 : q / 2);
     if (err > bound)
-      fail = what + "reconstruction " + test::describe_input(y) + " is " + std::to_string(err) +
+      fail = what() + "reconstruction " + test::describe_input(y) + " is " + std::to_string(err) +
              " float32 steps away; bound " + std::to_string(bound);
     return;
   }
   if (t == wk::f16 && bits == 16 && ax >= std::ldexp(1.0, -17) && ax < 65520.0) {
     if (err != 0)
-      fail = what + "not exact in float16's k = 16 range [2^-17, 65520)";
+      fail = what() + "not exact in float16's k = 16 range [2^-17, 65520)";
     return;
   }
   if (ax >= 65520.0) { // float16 overflow: the weight is Inf and so is the join
     if (!std::isinf(wv) || !std::isinf(y))
-      fail = what + "float16 overflow not Inf";
+      fail = what() + "float16 overflow not Inf";
     return;
   }
   // float16 below its normal range: never farther from x than the weight itself.
   if (!(std::fabs(static_cast<double>(y) - x) <= std::fabs(static_cast<double>(wv) - x)))
-    fail = what + "reconstruction " + test::describe_input(y) + " farther than the weight";
+    fail = what() + "reconstruction " + test::describe_input(y) + " farther than the weight";
 }
 
 TEST(residual_twin, weight_is_nearest_ties_away_and_the_reconstruction_obeys_the_bound) {
@@ -274,19 +282,22 @@ TEST(residual_api, refuses_bad_arguments_naming_them) {
   };
   expect_error(
       [&] {
-        kernels::residual_split(flat(x.data(), dtype::float32, 4), flat(w.data(), dtype::bfloat16, 4),
+        kernels::residual_split(flat(x.data(), dtype::float32, 4),
+                                flat(w.data(), dtype::bfloat16, 4),
                                 flat(r16.data(), dtype::int16, 4), 17);
       },
       "bits");
   expect_error(
       [&] {
-        kernels::residual_split(flat(x.data(), dtype::float32, 4), flat(w.data(), dtype::bfloat16, 4),
+        kernels::residual_split(flat(x.data(), dtype::float32, 4),
+                                flat(w.data(), dtype::bfloat16, 4),
                                 flat(r16.data(), dtype::int16, 4), 8);
       },
       "int8");
   expect_error(
       [&] {
-        kernels::residual_split(flat(x.data(), dtype::float32, 4), flat(w.data(), dtype::bfloat16, 3),
+        kernels::residual_split(flat(x.data(), dtype::float32, 4),
+                                flat(w.data(), dtype::bfloat16, 3),
                                 flat(r16.data(), dtype::int16, 4), 16);
       },
       "elements");
@@ -307,7 +318,8 @@ TEST(residual_api, refuses_bad_arguments_naming_them) {
                           flat(nullptr, dtype::int16, 0), 16);
 }
 
-// ---- exhaustive sweeps (label exhaustive) --------------------------------------------------------
+// ---- exhaustive sweeps (label exhaustive)
+// --------------------------------------------------------
 
 // Every float32 bit pattern through the twin (chunks of 2^22 on each of the machine's threads);
 // check(x, w, r, y) returns an empty string or a description of what is wrong.
@@ -367,7 +379,8 @@ TEST(residual_exhaustive, every_float32_with_float16_and_16_bits_obeys_the_docum
   });
 }
 
-// ---- the optimizer steps with a residual ---------------------------------------------------------
+// ---- the optimizer steps with a residual
+// ---------------------------------------------------------
 
 const optimizer all_optimizers[] = {optimizer::adam,   optimizer::adamw, optimizer::stable_adamw,
                                     optimizer::sgd,    optimizer::lion,  optimizer::rmsprop,
@@ -423,7 +436,8 @@ kernels::optim_tensor views(model& m, int ns, bool eight, bool residual, wk t, i
   if (residual) {
     v.param = flat(m.w.data(), dtype_of(t), n);
     v.grad = flat(m.g16.data(), dtype_of(t), n);
-    v.residual = bits == 16 ? flat(m.r16.data(), dtype::int16, n) : flat(m.r8.data(), dtype::int8, n);
+    v.residual =
+        bits == 16 ? flat(m.r16.data(), dtype::int16, n) : flat(m.r8.data(), dtype::int8, n);
   } else {
     v.param = flat(m.p.data(), dtype::float32, n);
     v.grad = flat(m.g.data(), dtype::float32, n);
@@ -507,8 +521,8 @@ void check_steps(optimizer o, wk t, int bits, bool eight, int steps, std::mt1993
   alloc_states(b, ns, eight, cfg.block);
   const std::string what = std::string(kernels::optimizer_name(o)) +
                            (t == wk::bf16 ? " bf16" : " f16") + " k=" + std::to_string(bits) +
-                           (eight ? " 8-bit states" : " 32-bit states") + " n=" +
-                           std::to_string(a.n);
+                           (eight ? " 8-bit states" : " 32-bit states") +
+                           " n=" + std::to_string(a.n);
   for (int step = 1; step <= steps; ++step) {
     h.step = step;
     new_grads(a, t, r, r() % 2 ? 1e-2 : 1.0);
@@ -570,7 +584,7 @@ TEST(residual_optim, non_finite_blocks_leave_weight_and_residual_untouched) {
   h.lr = 0.1;
   alloc_states(a, 2, false, block);
   new_grads(a, wk::bf16, *std::make_unique<std::mt19937_64>(1), 1.0);
-  a.g16[10] = 0x7FC0; // NaN in block 0
+  a.g16[10] = 0x7FC0;  // NaN in block 0
   a.g16[520] = 0xBF80; // -1: adam moves max further up, past bfloat16's overflow threshold
   h.maximize = false;
   const std::vector<std::uint16_t> w0 = a.w;

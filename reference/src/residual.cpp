@@ -77,8 +77,9 @@ residual_parts residual_split_exact(residual_weight t, int bits, float x) {
   const bool neg = std::signbit(x);
   const std::uint16_t sign_code = neg ? static_cast<std::uint16_t>(1u << 15) : 0;
   if (std::isnan(x))
-    return {static_cast<std::uint16_t>(sign_code | (t == residual_weight::bf16 ? 0x7FC0u : 0x7E00u)),
-            0};
+    return {
+        static_cast<std::uint16_t>(sign_code | (t == residual_weight::bf16 ? 0x7FC0u : 0x7E00u)),
+        0};
   emu::policy pol;
   pol.round = emu::rounding::nearest_away;
   pol.over = emu::overflow::nonsaturating;
