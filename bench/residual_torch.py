@@ -7,10 +7,11 @@ training step (forward, backward, optimizer) per configuration, all measured in 
 - bfloat16 parameters + 16- or 8-bit residual, 32- or 8-bit states, ordinary step and with the
   step fused into the backward pass (lowbit.optim.fuse_into_backward)
 
-Per configuration: bytes per parameter that persist between steps (weights + residual +
-optimizer state) plus the gradient, counted from the tensors; the peak
-torch.cuda.max_memory_allocated of one training step (states already allocated) and its
-reduction against the baseline; milliseconds per training step (CUDA events) and the optimizer
+Per configuration: bytes per parameter of weights + residual + optimizer state + gradient,
+counted from the tensors (the gradient: all of them, or the largest single one when the step is
+fused into the backward); on CUDA the memory held between steps (weights, residuals, states) and
+the peak torch.cuda.max_memory_allocated over the timed training steps (states already
+allocated; activations included, so --batch and --seq move it) and its ratio to the baseline; milliseconds per training step (CUDA events) and the optimizer
 step alone where it is separate, with the ratio to the same lowbit optimizer with a float32
 master. Then a small training run on a tiny MLP: bfloat16 + residual16 fused into the backward
 against a float32 master whose forward sees the master rounded by the same rule (the losses must
@@ -115,12 +116,15 @@ CONFIGS = [
 SAME_WITH_MASTER = {"AdamW": "fp32 master, lowbit AdamW", "AdamW8bit": "fp32 master, lowbit AdamW8bit"}
 
 
-def persistent_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+def persistent_bytes(model: nn.Module, opt: torch.optim.Optimizer,
+                     fused: bool) -> dict[str, int]:
     n = {"weights": 0, "residual": 0, "state": 0, "grad": 0}
     for p in model.parameters():
         n["weights"] += p.numel() * p.element_size()
-        # the gradient a step holds: the parameter's dtype (freed one by one when fused)
-        n["grad"] += p.numel() * p.element_size()
+        # the gradients a step holds, in the parameter's dtype: all of them, or with the step
+        # fused into the backward one at a time (the largest counted)
+        g = p.numel() * p.element_size()
+        n["grad"] = max(n["grad"], g) if fused else n["grad"] + g
         for k, v in opt.state.get(p, {}).items():
             if isinstance(v, torch.Tensor) and v.numel() > 1:
                 n["residual" if k == "residual" else "state"] += v.numel() * v.element_size()
@@ -152,7 +156,7 @@ def run_config(name, kind, make, fused, args, dev, data):
                 with Timer(dev) as o:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         return whole.ms, (None if fused else o.ms)
 
     for i in range(args.warmup):
@@ -167,7 +171,7 @@ def run_config(name, kind, make, fused, args, dev, data):
         if o is not None:
             opt_ms.append(o)
     n_params = sum(p.numel() for p in model.parameters())
-    b = persistent_bytes(model, opt)
+    b = persistent_bytes(model, opt, fused)
     row = {"config": name, "params": n_params,
            "bytes_per_param": {k: v / n_params for k, v in b.items()},
            "bytes_per_param_total": sum(b.values()) / n_params,
@@ -189,7 +193,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="a 2-layer, width-128 model (CPU check)")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
@@ -223,18 +227,21 @@ def main() -> None:
                                                       ref["ms_per_optimizer_step"])
     tiny = tiny_run(dev, args.tiny_steps)
     print(f"# {rows[0]['params']} parameters, batch {args.batch} x seq {args.seq}, {dev}")
-    head = (f"{'config':44s} {'B/param':>7s} {'(w+r+state+grad)':>18s} {'peak GB':>8s} "
-            f"{'vs base':>7s} {'train ms':>9s} {'opt ms':>8s} {'vs fp32 master':>14s}")
+    head = (f"{'config':44s} {'B/param':>7s} {'(w+r+state+grad)':>18s} {'held GB':>8s} "
+            f"{'peak GB':>8s} {'vs base':>7s} {'train ms':>9s} {'opt ms':>8s} "
+            f"{'vs fp32 master':>14s}")
     print(head)
     for r in rows:
         bp = r["bytes_per_param"]
         split = f"{bp['weights']:.1f}+{bp['residual']:.1f}+{bp['state']:.2f}+{bp['grad']:.1f}"
         peak = f"{r['peak_bytes'] / 1e9:8.3f}" if "peak_bytes" in r else f"{'-':>8s}"
+        held = (f"{r['allocated_between_steps'] / 1e9:8.3f}" if "peak_bytes" in r
+                else f"{'-':>8s}")
         vs = f"{r['peak_vs_baseline']:7.3f}" if "peak_vs_baseline" in r else f"{'-':>7s}"
         om = f"{r['ms_per_optimizer_step']:8.2f}" if r["ms_per_optimizer_step"] else f"{'-':>8s}"
         ratio = r.get("optimizer_step_vs_fp32_master", r.get("train_step_vs_fp32_master"))
         rs = f"{ratio:14.3f}" if ratio is not None else f"{'-':>14s}"
-        print(f"{r['config']:44s} {r['bytes_per_param_total']:7.2f} {split:>18s} {peak} {vs} "
+        print(f"{r['config']:44s} {r['bytes_per_param_total']:7.2f} {split:>18s} {held} {peak} {vs} "
               f"{r['ms_per_train_step']:9.2f} {om} {rs}")
     print(f"# tiny MLP, {tiny['steps']} steps of AdamW lr {tiny['lr']}:")
     for k, s in tiny["summary"].items():
