@@ -342,7 +342,7 @@ def test_previous_global_norm_clipping_uses_the_last_backwards_norm():
             norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float32)
                      for p in a.parameters()]
             total = None
-            for n in norms:  # the hooks' order of accumulation is the backward's; compare close
+            for n in norms:  # the optimizer's parameter order, as the handle sums
                 total = n * n if total is None else total + n * n
             if previous is not None:
                 scale = torch.clamp(0.05 / (previous + 1e-6), max=1.0)
@@ -352,7 +352,7 @@ def test_previous_global_norm_clipping_uses_the_last_backwards_norm():
         oa.step()
         _loss(b, x, y).backward()
         assert handle.previous_norm is not None
-        torch.testing.assert_close(handle.previous_norm, previous, rtol=1e-6, atol=0)
+        assert torch.equal(handle.previous_norm, previous)
         _same_weights(a, oa, b, ob)
 
 
@@ -393,7 +393,10 @@ def test_grad_scaler_finds_no_gradients_and_a_fixed_loss_scale_replaces_it():
     handle.remove()
     # GradScaler after a fused backward: nothing left for it to unscale or check.
     lo.fuse_into_backward(b, ob)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    try:
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    except (AttributeError, TypeError, RuntimeError) as e:  # torch without a CPU GradScaler
+        pytest.skip(f"torch.amp.GradScaler('cpu'): {e}")
     x, y = _batch(g, dev)
     scaler.scale(_loss(b, x, y)).backward()
     with pytest.raises(AssertionError, match="No inf checks"):

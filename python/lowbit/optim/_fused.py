@@ -9,8 +9,8 @@ pass", lists what this rules out and the way around each:
   the last backward steps each parameter on the accumulated gradient;
 - global gradient-norm clipping (needs every gradient before any step): ``clip_grad_norm=c``
   with ``clip="per_parameter"`` clips each gradient by its own norm, ``clip="previous_global"``
-  scales every gradient by min(1, c / N) with N the global norm of the previous backward (the
-  first backward is not clipped);
+  scales every gradient by min(1, c / N) with N the global norm of the previous backward (float32,
+  the squares summed in the optimizer's parameter order; the first backward is not clipped);
 - closures: ``optimizer.step(closure)`` runs the closure once, whose backward steps the
   parameters; ``step`` itself then finds no gradients and does nothing, so optimizers that
   evaluate the closure more than once (line searches, LBFGS) cannot be fused;
@@ -45,7 +45,10 @@ class FusedBackward:
         self.loss_scale = loss_scale
         self._handles: list[Any] = []
         self._paused = 0
-        self._sq: Optional[torch.Tensor] = None  # this backward's sum of squared grad norms
+        # this backward's squared gradient norms, by parameter, summed at its end in the
+        # optimizer's parameter order (so the global norm does not depend on the hooks' order)
+        self._sq: dict[int, torch.Tensor] = {}
+        self._order: list[int] = [id(p) for g in optimizer.param_groups for p in g["params"]]
         self._queued = False
         self.previous_norm: Optional[torch.Tensor] = None  # the last backward's global norm
 
@@ -64,9 +67,14 @@ class FusedBackward:
 
     def _end_of_backward(self) -> None:
         self._queued = False
-        if self._sq is not None:
-            self.previous_norm = self._sq.sqrt()
-            self._sq = None
+        total = None
+        for k in self._order:
+            sq = self._sq.get(k)
+            if sq is not None:
+                total = sq if total is None else total + sq
+        if total is not None:
+            self.previous_norm = total.sqrt()
+        self._sq = {}
 
     def _hook(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         if self._paused or p.grad is None:
@@ -85,8 +93,7 @@ class FusedBackward:
                         torch.autograd.Variable._execution_engine.queue_callback(
                             self._end_of_backward)
                         self._queued = True
-                    sq = norm * norm
-                    self._sq = sq if self._sq is None else self._sq + sq
+                    self._sq[id(p)] = norm * norm
                     if self.previous_norm is not None:
                         scale = torch.clamp(self.clip_grad_norm / (self.previous_norm + 1e-6),
                                             max=1.0)
