@@ -45,6 +45,7 @@ struct arenas {
   unsigned char *p = nullptr, *g = nullptr, *s1 = nullptr, *s2 = nullptr, *a1 = nullptr,
                 *a2 = nullptr;
   unsigned char *p16 = nullptr, *g16 = nullptr; // bfloat16 copies (the float32 values truncated)
+  unsigned char* res = nullptr;                 // residual master weights (zero: p16 exact)
   std::vector<std::int64_t> off4, off1, offa;   // per tensor: 4-byte, 1-byte and absmax offsets
   std::int64_t bytes4 = 0, bytes1 = 0, bytesa = 0;
   arenas() : n(vit_h_shapes()) {
@@ -89,6 +90,7 @@ struct row {
   bool eight;
   dtype pt;
   std::int64_t block;
+  int rbits = 0; // a residual master weight of 8 or 16 bits (bfloat16 parameters)
 };
 
 // Resets the states (zero codes, zero absmax, zero float states) so every row starts alike.
@@ -114,6 +116,10 @@ void bench_row(benchmark::State& state, row r) {
   const std::int64_t es = static_cast<std::int64_t>(kernels::dtype_size(r.pt));
   if (es == 2)
     A.ensure_16();
+  if (r.rbits != 0 && A.res == nullptr) {
+    ok(cudaMalloc(&A.res, A.bytes4 / 2));
+    ok(cudaMemset(A.res, 0, A.bytes4 / 2));
+  }
   std::vector<kernels::optim_tensor> ts;
   double bytes = 0;
   for (std::size_t j = 0; j < A.n.size(); ++j) {
@@ -139,6 +145,10 @@ void bench_row(benchmark::State& state, row r) {
       } else {
         *sv[k] = dev_view(s[k] + A.off4[j], dtype::float32, {n});
       }
+    }
+    if (r.rbits != 0) {
+      t.residual = dev_view(A.res + A.off4[j] / 2, r.rbits == 16 ? dtype::int16 : dtype::int8, {n});
+      bytes += 2.0 * static_cast<double>(n) * (r.rbits / 8);
     }
     ts.push_back(t);
     const double state_bytes = eight ? 1.0 : 4.0;
@@ -185,11 +195,15 @@ void register_optim() {
       {optimizer::lion, true, dtype::float32, 256},
       {optimizer::sgd, true, dtype::float32, 256},
       {optimizer::adam, true, dtype::float32, 256},
+      {optimizer::adamw, false, dtype::bfloat16, 256, 16},
+      {optimizer::adamw, true, dtype::bfloat16, 256, 16},
+      {optimizer::adamw, true, dtype::bfloat16, 256, 8},
   };
   for (const row& r : rows) {
     const std::string name = std::string("optim_step/") + kernels::optimizer_name(r.o) + "/" +
                              (r.eight ? "8bit" : "32bit") + "/" + kernels::dtype_name(r.pt) +
-                             "/block" + std::to_string(r.block) + "/vit_h_51_layers";
+                             "/block" + std::to_string(r.block) + "/vit_h_51_layers" +
+                             (r.rbits ? "/residual" + std::to_string(r.rbits) : "");
     register_gpu(name, [r](benchmark::State& s) { bench_row(s, r); });
   }
 }

@@ -173,6 +173,19 @@ void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const
   require_same_device(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
   const std::int64_t n = t.param.numel();
   const std::int64_t blocks = blockwise_blocks(n, block);
+  if (t.residual.data != nullptr) {
+    const tensor_view& r = t.residual;
+    require(t.param.type != dtype::float32, errc::invalid_argument,
+            at(j, "residual") + ": a float32 parameter is its own master; a residual needs a "
+                                "bfloat16 or float16 parameter");
+    require_valid(r, at(j, "residual").c_str());
+    require_dtype(r, at(j, "residual").c_str(), {dtype::int16, dtype::int8});
+    require(r.numel() == n, errc::invalid_argument,
+            at(j, "residual") + ": " + std::to_string(r.numel()) + " elements, the parameter " +
+                std::to_string(n));
+    require_contiguous(r, at(j, "residual").c_str());
+    require_same_device(t.param, at(j, "param").c_str(), r, at(j, "residual").c_str());
+  }
   bool eight_bit = false;
   const tensor_view* st[2] = {&t.state1, &t.state2};
   const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
@@ -246,6 +259,10 @@ bool plainly_valid(const optim_tensor& t, int ns, std::int64_t block, const devi
   if (pv.type != dtype::float32 && pv.type != dtype::bfloat16 && pv.type != dtype::float16)
     return false;
   const std::int64_t n = pv.numel(), blocks = blockwise_blocks(n, block);
+  const tensor_view& r = t.residual;
+  if (r.data != nullptr && (pv.type == dtype::float32 || !plainly_flat(r) || r.numel() != n ||
+                            r.dev != dev || (r.type != dtype::int16 && r.type != dtype::int8)))
+    return false;
   const bool eight = ns > 0 && t.state1.type == dtype::uint8;
   const tensor_view* st[2] = {&t.state1, &t.state2};
   const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
@@ -319,6 +336,10 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     if (cfg.check_device_memory && p.dev.type == device_type::cuda && n > 0) {
       const std::string pn = at(j, "param"), gn = at(j, "grad");
       require_device_memory({&t.param, &t.grad}, {pn.c_str(), gn.c_str()});
+      if (t.residual.data != nullptr) {
+        const std::string rn = at(j, "residual");
+        require_device_memory({&t.residual}, {rn.c_str()});
+      }
       for (int k = 0; k < ns; ++k) {
         const std::string sn = at(j, sname[k]);
         require_device_memory({st[k]}, {sn.c_str()});
@@ -332,6 +353,10 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     it.s2 = t.state2.data;
     it.a1 = static_cast<float*>(t.absmax1.data);
     it.a2 = static_cast<float*>(t.absmax2.data);
+    if (t.residual.data != nullptr) {
+      it.resid = t.residual.data;
+      it.rbits = t.residual.type == dtype::int16 ? 16 : 8;
+    }
     p.total_blocks += blocks;
     p.items.push_back(it);
   }

@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(optim_threads)
       const std::int64_t i = i0 + r + k * grp::lanes;
       np[k] = s1[k] = s2[k] = 0.0f;
       if (i < end) {
-        const float p0 = d::load_param(it.ptype, it.param, i);
+        const float p0 = d::load_param(it, i);
         const float g = d::load_param(it.ptype, it.grad, i);
         const float a = ns > 0 ? d::load_state(it, 0, tb[t0].value, i, b) : 0.0f;
         const float c = ns > 1 ? d::load_state(it, 1, tb[t1].value, i, b) : 0.0f;
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(optim_threads)
         np[k] = res.p;
         s1[k] = res.s1;
         s2[k] = res.s2;
-        bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it.ptype, res.p)) |
+        bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it, res.p)) |
                (ns > 0 && !optim_ops::finite(res.s1)) | (ns > 1 && !optim_ops::finite(res.s2));
       }
     }
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(optim_threads)
     for (int k = 0; k < EPT; ++k) {
       const std::int64_t i = i0 + r + k * grp::lanes;
       if (i < end)
-        d::store_param(it.ptype, it.param, i, np[k]);
+        d::store_param(it, i, np[k]);
     }
     if (ns > 0)
       store_state<W>(s1, 0, it, j, b, i0, end, sh, tb[t0], bk[t0], red);

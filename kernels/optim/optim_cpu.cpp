@@ -101,7 +101,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
   bool bad = false;
   for (std::int64_t e = 0; e < m; ++e) {
     const std::int64_t i = i0 + e;
-    const float p0 = d::load_param(it.ptype, it.param, i);
+    const float p0 = d::load_param(it, i);
     const float g = d::load_param(it.ptype, it.grad, i);
     const float a = ns > 0 ? d::load_state(it, 0, tb[0]->value, i, b) : 0.0f;
     const float c = ns > 1 ? d::load_state(it, 1, tb[1]->value, i, b) : 0.0f;
@@ -109,7 +109,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     np[e] = r.p;
     s1[e] = r.s1;
     s2[e] = r.s2;
-    bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it.ptype, r.p)) |
+    bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it, r.p)) |
            (ns > 0 && !optim_ops::finite(r.s1)) | (ns > 1 && !optim_ops::finite(r.s2));
   }
   if (bad) {
@@ -118,7 +118,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     return;
   }
   for (std::int64_t e = 0; e < m; ++e)
-    d::store_param(it.ptype, it.param, i0 + e, np[e]);
+    d::store_param(it, i0 + e, np[e]);
   float* sv[2] = {s1, s2};
   void* dst[2] = {it.s1, it.s2};
   float* am[2] = {it.a1, it.a2};

@@ -13,6 +13,7 @@
 #include <lowbit/kernels/optim.hpp>
 
 #include "../blockwise/blockwise_ops.hpp"
+#include "../residual/residual_ops.hpp"
 #include "optim_ops.hpp"
 
 namespace lowbit::kernels {
@@ -42,6 +43,10 @@ struct optim_item {
   std::int64_t block0 = 0; // index of its first work block among all tensors'
   param_kind ptype = param_kind::f32;
   bool eight_bit = false;
+  // Residual master weight (bf16/f16 parameters only): int8 or int16 [n] with rbits 8 or 16;
+  // rbits 0 without one. The parameter and the residual together are the float32 master.
+  void* resid = nullptr;
+  std::uint8_t rbits = 0;
 };
 
 // What every element of a call shares (trivially copyable; a kernel parameter).
@@ -119,6 +124,46 @@ LOWBIT_HD LOWBIT_INLINE float stored_value(param_kind t, float x) {
   }
   default: return x;
   }
+}
+
+LOWBIT_HD LOWBIT_INLINE residual_ops::weight_kind resid_kind(param_kind t) {
+  return t == param_kind::bf16 ? residual_ops::weight_kind::bf16 : residual_ops::weight_kind::f16;
+}
+
+// The parameter element i as the update sees it: with a residual, the float32 value rebuilt from
+// the 16-bit weight and its residual (residual_ops.hpp); without, the parameter itself.
+LOWBIT_HD LOWBIT_INLINE float load_param(const optim_item& it, std::int64_t i) {
+  if (it.rbits == 0)
+    return load_param(it.ptype, it.param, i);
+  const std::int32_t r = it.rbits == 8 ? static_cast<const std::int8_t*>(it.resid)[i]
+                                       : static_cast<const std::int16_t*>(it.resid)[i];
+  return residual_ops::join(resid_kind(it.ptype), it.rbits,
+                            static_cast<const std::uint16_t*>(it.param)[i], r);
+}
+
+// Stores the new value of element i: with a residual, split into the 16-bit weight (nearest,
+// ties away from zero) and the residual; without, store_param above.
+LOWBIT_HD LOWBIT_INLINE void store_param(const optim_item& it, std::int64_t i, float x) {
+  if (it.rbits == 0) {
+    store_param(it.ptype, it.param, i, x);
+    return;
+  }
+  const residual_ops::parts s = residual_ops::split(resid_kind(it.ptype), it.rbits, x);
+  static_cast<std::uint16_t*>(it.param)[i] = s.w;
+  if (it.rbits == 8)
+    static_cast<std::int8_t*>(it.resid)[i] = static_cast<std::int8_t>(s.r);
+  else
+    static_cast<std::int16_t*>(it.resid)[i] = static_cast<std::int16_t>(s.r);
+}
+
+// stored_value for the tensor: with a residual, the 16-bit weight the split writes (the value
+// the forward pass sees; non-finite exactly when it is, so a block whose weights would overflow
+// keeps weight and residual as they are).
+LOWBIT_HD LOWBIT_INLINE float stored_value(const optim_item& it, float x) {
+  if (it.rbits == 0)
+    return stored_value(it.ptype, x);
+  const residual_ops::weight_kind k = resid_kind(it.ptype);
+  return residual_ops::weight_value(k, residual_ops::split(k, it.rbits, x).w);
 }
 
 // State k's value of element i (b its block).

@@ -28,7 +28,9 @@
 #include <lowbit/emu/convert.hpp>
 #include <lowbit/kernels/blockwise.hpp>
 #include <lowbit/kernels/optim.hpp>
+#include <lowbit/kernels/residual.hpp>
 #include <lowbit/reference/optim.hpp>
+#include <lowbit/reference/residual.hpp>
 
 #include "support.hpp"
 
@@ -347,7 +349,11 @@ rb stable_eta_bound(const kernels::optim_hparams& h, const reference::optim_valu
   return e;
 }
 
-void check_against_reference(optimizer o, std::uint64_t seed) {
+// residual: the parameter as a bfloat16 weight plus a 16-bit residual (docs/techniques/
+// residual.md), whose join is the float32 value exactly; the gradient then in bfloat16. After the
+// step the join is compared as the float32 parameter is, and the stored pair must be the exact
+// reference's split of that join.
+void check_against_reference(optimizer o, std::uint64_t seed, bool residual = false) {
   std::mt19937_64 r(seed);
   const kernels::optim_hparams h = random_hparams(o, r);
   const std::int64_t block = r() % 4 == 0 ? 2048 : 256;
@@ -357,6 +363,19 @@ void check_against_reference(optimizer o, std::uint64_t seed) {
   const int ns = kernels::optimizer_states(o, h);
   const bool two_unsigned = true, one_unsigned = !kernels::optimizer_state_signed(o, 0);
   host_tensor x = make_tensor(r, n, eight, ns, block, two_unsigned, one_unsigned);
+  std::vector<std::int16_t> r16;
+  if (residual) {
+    x.p16.resize(n);
+    x.g16.resize(n);
+    r16.resize(n);
+    kernels::residual_split(flat(x.p.data(), dtype::float32, n),
+                            flat(x.p16.data(), dtype::bfloat16, n),
+                            flat(r16.data(), dtype::int16, n), 16);
+    for (std::int64_t i = 0; i < n; ++i) {
+      x.g16[i] = static_cast<std::uint16_t>(emu::encode(emu::bfloat16, x.g[i], emu::policy{}));
+      x.g[i] = emu::decode<float>(emu::bfloat16, x.g16[i]);
+    }
+  }
   reference::optim_values in;
   in.p.assign(x.p.begin(), x.p.end());
   in.g.assign(x.g.begin(), x.g.end());
@@ -369,10 +388,25 @@ void check_against_reference(optimizer o, std::uint64_t seed) {
   std::vector<std::int64_t> skipped(1, 0);
   kernels::optim_config cfg;
   cfg.block = block;
-  const kernels::optim_tensor t = views_of(x, ns);
+  kernels::optim_tensor t = views_of(x, ns, residual ? dtype::bfloat16 : dtype::float32);
+  if (residual)
+    t.residual = flat(r16.data(), dtype::int16, n);
   kernels::optimizer_step(o, h, &t, 1, flat(skipped.data(), dtype::int64, 1), cfg);
-  const std::string what = describe_case(o, h, n, block, eight);
+  const std::string what = describe_case(o, h, n, block, eight) + (residual ? " residual16" : "");
   RC_ASSERT(skipped[0] == 0);
+  if (residual) {
+    kernels::residual_join(flat(x.p16.data(), dtype::bfloat16, n),
+                           flat(r16.data(), dtype::int16, n), 16,
+                           flat(x.p.data(), dtype::float32, n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const reference::residual_parts e =
+          reference::residual_split_exact(reference::residual_weight::bf16, 16, x.p[i]);
+      if (e.w != x.p16[i] || e.r != r16[i])
+        RC_FAIL(what + ": element " + std::to_string(i) +
+                " stored pair differs from the exact "
+                "split of its float32 value");
+    }
+  }
 
   rb eta{h.lr, 0.0}, decay{1.0, 0.0};
   if (o == optimizer::stable_adamw)
@@ -438,6 +472,16 @@ TEST(optim_twin, matches_the_reference_within_the_derived_bound) {
                            const auto seed = *rc::gen::arbitrary<std::uint64_t>();
                            check_against_reference(o, seed);
                          });
+}
+
+// The step on a bfloat16 weight plus 16-bit residual: the rebuilt float32 value within the same
+// bound of the reference, the stored pair its exact split.
+TEST(optim_twin, residual_master_weights_match_the_reference_within_the_derived_bound) {
+  for (optimizer o : all_optimizers)
+    test::check_property(std::string("optim_twin.residual.") + kernels::optimizer_name(o), 20, [o] {
+      const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+      check_against_reference(o, seed, true);
+    });
 }
 
 // ---- invariants ---------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ def optimizer_step(
 
 def optimizer_step_raw(
     optimizer: str,
-    items: list[tuple[int, int, int, int, int, int, int, int, bool]],
+    items: list[tuple[int, int, int, int, int, int, int, int, bool, int, int]],
     device_type: int,
     device_index: int,
     lr: float,
@@ -365,5 +365,31 @@ def optimizer_step_raw(
     seed: int,
     offset: int,
     threads: int,
+    stream: int,
+) -> None: ...
+
+
+def residual_split_raw(
+    x: int,
+    weight: int,
+    residual: int,
+    n: int,
+    weight_code: int,
+    bits: int,
+    device_type: int,
+    device_index: int,
+    stream: int,
+) -> None: ...
+
+
+def residual_join_raw(
+    weight: int,
+    residual: int,
+    out: int,
+    n: int,
+    weight_code: int,
+    bits: int,
+    device_type: int,
+    device_index: int,
     stream: int,
 ) -> None: ...

@@ -12,6 +12,7 @@
 
 #include <lowbit/emu/error.hpp>
 #include <lowbit/kernels/optim.hpp>
+#include <lowbit/kernels/residual.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
 #include "arrays.hpp"
@@ -137,10 +138,12 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
 // The torch layer's entry: tensors as raw fields, read from torch tensors it owns (contiguous,
 // on `device`, the current CUDA device for CUDA): per tensor (param, grad, state1, state2,
 // absmax1, absmax2 data pointers, 0 for none; numel; dtype code 0 float32, 1 bfloat16,
-// 2 float16; eight_bit). One DLPack exchange per tensor costs microseconds, which for the
-// hundreds of tensors of a model would outweigh the step itself.
-using raw_item = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
-                            std::uintptr_t, std::uintptr_t, std::int64_t, int, bool>;
+// 2 float16; eight_bit; the residual master weight's data pointer, 0 for none, and its bits, 8
+// or 16). One DLPack exchange per tensor costs microseconds, which for the hundreds of tensors of
+// a model would outweigh the step itself.
+using raw_item =
+    std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
+               std::uintptr_t, std::int64_t, int, bool, std::uintptr_t, int>;
 
 py::object optimizer_step_raw(const std::string& optimizer, const std::vector<raw_item>& items,
                               int device_type, int device_index, double lr, double beta1,
@@ -166,9 +169,11 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
   std::vector<k::optim_tensor> views;
   views.reserve(items.size());
   for (const raw_item& it : items) {
-    const auto [pp, gp, s1, s2, a1, a2, n, code, eight] = it;
+    const auto [pp, gp, s1, s2, a1, a2, n, code, eight, rp, rbits] = it;
     if (code < 0 || code > 2 || n < 0)
       fail(errc::invalid_argument, "optimizer_step_raw: bad dtype code or element count");
+    if (rp != 0 && rbits != 8 && rbits != 16)
+      fail(errc::invalid_argument, "optimizer_step_raw: residual bits must be 8 or 16");
     const dtype pt = code == 0 ? dtype::float32 : (code == 1 ? dtype::bfloat16 : dtype::float16);
     const dtype st = eight ? dtype::uint8 : dtype::float32;
     const std::int64_t blocks = k::blockwise_blocks(n, block < 1 ? 1 : block);
@@ -179,6 +184,7 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
     t.state2 = view(s2, st, n);
     t.absmax1 = view(a1, dtype::float32, blocks);
     t.absmax2 = view(a2, dtype::float32, blocks);
+    t.residual = view(rp, rbits == 8 ? dtype::int8 : dtype::int16, n);
     views.push_back(t);
   }
   const k::tensor_view sv = view(skipped, dtype::int64, static_cast<std::int64_t>(items.size()));
@@ -189,9 +195,57 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
   return py::none();
 }
 
+// Residual split/join over raw pointers of contiguous tensors the caller owns (the torch layer):
+// weight code 1 bfloat16, 2 float16.
+void residual_raw(bool split, std::uintptr_t x, std::uintptr_t w, std::uintptr_t r, std::int64_t n,
+                  int weight_code, int bits, int device_type, int device_index,
+                  std::uintptr_t stream) {
+  if (weight_code != 1 && weight_code != 2)
+    fail(errc::invalid_argument, "residual: weight dtype code must be 1 (bfloat16) or 2 (float16)");
+  if (device_type != 0 && device_type != 1)
+    fail(errc::invalid_argument, "device_type: expected 0 (cpu) or 1 (cuda)");
+  if (n < 0)
+    fail(errc::invalid_argument, "residual: element count must be >= 0");
+  const k::device dev{device_type == 1 ? k::device_type::cuda : k::device_type::cpu, device_index};
+  const dtype rt = k::residual_dtype(bits);
+  const auto view = [&](std::uintptr_t ptr, dtype t) {
+    return k::tensor_view::contiguous(reinterpret_cast<void*>(ptr), t, {n}, dev);
+  };
+  const k::tensor_view xv = view(x, dtype::float32),
+                       wv = view(w, weight_code == 1 ? dtype::bfloat16 : dtype::float16),
+                       rv = view(r, rt);
+  const k::exec ex = exec_of(0, stream);
+  py::gil_scoped_release no_gil;
+  if (split)
+    k::residual_split(xv, wv, rv, bits, ex);
+  else
+    k::residual_join(wv, rv, bits, xv, ex);
+}
+
 } // namespace
 
 void bind_optim(py::module_& m) {
+  m.def(
+      "residual_split_raw",
+      [](std::uintptr_t x, std::uintptr_t weight, std::uintptr_t residual, std::int64_t n,
+         int weight_code, int bits, int device_type, int device_index, std::uintptr_t stream) {
+        residual_raw(true, x, weight, residual, n, weight_code, bits, device_type, device_index,
+                     stream);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("residual"), py::arg("n"), py::arg("weight_code"),
+      py::arg("bits"), py::arg("device_type"), py::arg("device_index"), py::arg("stream"),
+      "Splits n float32 values at x into 16-bit weights and k-bit residuals "
+      "(kernels/include/lowbit/kernels/residual.hpp), over raw data pointers.");
+  m.def(
+      "residual_join_raw",
+      [](std::uintptr_t weight, std::uintptr_t residual, std::uintptr_t out, std::int64_t n,
+         int weight_code, int bits, int device_type, int device_index, std::uintptr_t stream) {
+        residual_raw(false, out, weight, residual, n, weight_code, bits, device_type, device_index,
+                     stream);
+      },
+      py::arg("weight"), py::arg("residual"), py::arg("out"), py::arg("n"), py::arg("weight_code"),
+      py::arg("bits"), py::arg("device_type"), py::arg("device_index"), py::arg("stream"),
+      "The float32 values of n (weight, residual) pairs into out, over raw data pointers.");
   m.def("optimizer_step_raw", &optimizer_step_raw, py::arg("optimizer"), py::arg("items"),
         py::arg("device_type"), py::arg("device_index"), py::arg("lr"), py::arg("beta1"),
         py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("momentum"),

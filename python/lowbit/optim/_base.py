@@ -15,6 +15,15 @@ optimizers paper, Dettmers et al. 2022): each parameter keeps the L2 norms of it
 the current norm, takes the q-th percentile of the recorded norms (nearest rank) as the clip value
 and scales the gradient by clip / norm where the norm exceeds it. The norm and the percentile are
 torch operations on the parameter's device, written to need no host synchronization.
+
+Residual master weights (``master_weights="residual16"`` or ``"residual8"``; Lewandowski and
+Kosson 2023; docs/techniques/residual.md): bfloat16/float16 parameters keep, in
+``state["residual"]`` (int16 or int8, the parameter's shape), the bits their float32 master value
+lost; the kernel rebuilds the float32 value, updates it, and writes the 16-bit weight (rounded to
+nearest, ties away from zero) and the residual back, so no float32 copy exists. float32
+parameters are their own master and get none. :meth:`LowbitOptimizer.to_residual` turns float32
+parameters into 16-bit ones plus residuals; :meth:`LowbitOptimizer.master_weight` rebuilds the
+float32 value. The residual is an ordinary state tensor: state_dict carries it.
 """
 
 from __future__ import annotations
@@ -27,12 +36,76 @@ import torch
 from lowbit import _core
 from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
 
-__all__ = ["LowbitOptimizer", "override"]
+__all__ = ["LowbitOptimizer", "override", "residual_split", "residual_join"]
 
 _HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# master_weights: the residual's bits and storage dtype.
+_MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
+_RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
+
+
+def _check_master(master: Any) -> None:
+    if master is not None and master not in _MASTER:
+        raise ValueError(f"master_weights={master!r}; expected None, 'residual16' or 'residual8'")
+
+
+def _residual_call(split: bool, x: torch.Tensor, w: torch.Tensor, r: torch.Tensor,
+                   bits: int) -> None:
+    """One residual split (x -> w, r) or join (w, r -> x) call; contiguous tensors of one
+    device."""
+    dev = w.device
+    if dev.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"residual: tensors on {dev} are not supported (CPU and CUDA only)")
+    ptrs = (x.data_ptr(), w.data_ptr(), r.data_ptr()) if split else \
+        (w.data_ptr(), r.data_ptr(), x.data_ptr())
+    args = (*ptrs, w.numel(), _DTYPE_CODES[w.dtype], bits, 1 if dev.type == "cuda" else 0,
+            dev.index or 0)
+    fn = _core.residual_split_raw if split else _core.residual_join_raw
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            fn(*args, int(torch.cuda.current_stream(dev).cuda_stream))
+    else:
+        fn(*args, 0)
+
+
+def residual_split(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                   bits: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Splits float32 x into the nearest ``dtype`` (bfloat16 or float16) weight, ties away from
+    zero, and a ``bits``-bit residual (int16 for bits > 8, else int8; 1 <= bits <= 16); returns
+    (weight, residual) of x's shape on x's device. bfloat16 with bits=16 is exact:
+    ``residual_join(*residual_split(x)) `` has x's bits for every non-NaN x."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"residual_split: dtype {dtype}; expected torch.bfloat16 or torch.float16")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
+        raise ValueError(f"residual_split: bits={bits!r}; expected an int in [1, 16]")
+    x = x.detach().to(torch.float32).contiguous()
+    w = torch.empty(x.shape, dtype=dtype, device=x.device)
+    r = torch.empty(x.shape, dtype=torch.int16 if bits > 8 else torch.int8, device=x.device)
+    _residual_call(True, x, w, r, bits)
+    return w, r
+
+
+def residual_join(weight: torch.Tensor, residual: torch.Tensor,
+                  bits: Optional[int] = None) -> torch.Tensor:
+    """The float32 values of (weight, residual) pairs (``bits``: 16 for an int16 residual, 8
+    for int8 unless given)."""
+    if weight.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"residual_join: weight dtype {weight.dtype}; expected bfloat16 or "
+                        "float16")
+    if residual.dtype not in _RESIDUAL_BITS:
+        raise TypeError(f"residual_join: residual dtype {residual.dtype}; expected int16 or int8")
+    if bits is None:
+        bits = _RESIDUAL_BITS[residual.dtype]
+    if residual.shape != weight.shape or residual.device != weight.device:
+        raise ValueError("residual_join: weight and residual differ in shape or device")
+    w = weight.detach().contiguous()
+    r = residual.detach().contiguous()
+    out = torch.empty(w.shape, dtype=torch.float32, device=w.device)
+    _residual_call(False, out, w, r, bits)
+    return out
 
 
 def override(param: torch.Tensor, **config: Any) -> torch.Tensor:
@@ -79,7 +152,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, bits: int,
                  block_size: int, min_8bit_size: int, stochastic_rounding: bool,
-                 seed: Optional[int], percentile_clipping: int = 100) -> None:
+                 seed: Optional[int], percentile_clipping: int = 100,
+                 master_weights: Optional[str] = None) -> None:
         if bits not in (8, 32):
             raise ValueError(f"bits={bits!r}; expected 8 or 32")
         if block_size not in (256, 2048):
@@ -87,10 +161,11 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if not isinstance(min_8bit_size, int) or min_8bit_size < 0:
             raise ValueError(f"min_8bit_size={min_8bit_size!r}; expected an int >= 0")
         _check_percentile(percentile_clipping)
+        _check_master(master_weights)
         if seed is None:
             seed = int(torch.initial_seed()) & 0xFFFFFFFFFFFFFFFF
         defaults = dict(defaults, bits=bits, min_8bit_size=min_8bit_size,
-                        percentile_clipping=percentile_clipping)
+                        percentile_clipping=percentile_clipping, master_weights=master_weights)
         super().__init__(params, defaults)
         self.block_size = block_size
         self.stochastic_rounding = bool(stochastic_rounding)
@@ -124,8 +199,12 @@ class LowbitOptimizer(torch.optim.Optimizer):
         return (p.numel() + self.block_size - 1) // self.block_size
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        st = self.state[p]
+        st = self.state[p]  # may hold a residual already (to_residual)
         st["step"] = 0
+        master = group.get("master_weights")
+        if master is not None and "residual" not in st and p.dtype != torch.float32:
+            # The 16-bit value taken as exact: residual 0.
+            st["residual"] = torch.zeros(p.shape, dtype=_MASTER[master][1], device=p.device)
         eight = self._bits_for(p, group) == 8
         for name, signed in self._states[: self._n_states(group)]:
             init = self._initial_value(group, name)
@@ -176,14 +255,17 @@ class LowbitOptimizer(torch.optim.Optimizer):
             self._step_group(group)
         return loss
 
-    def _step_group(self, group: dict[str, Any]) -> None:
+    def _step_group(self, group: dict[str, Any],
+                    params: Optional[Iterable[torch.Tensor]] = None) -> None:
+        """Steps the group's parameters that have a gradient (``params``: only these)."""
+        _check_master(group.get("master_weights"))
         hp = self._hparams(group)
         ns = self._n_states(group)
         # One call per (device, step): a group's parameters normally share both.
         buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
         keep: list[torch.Tensor] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for p in group["params"]:
+        for p in group["params"] if params is None else params:
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
@@ -193,7 +275,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
                                 "supported; expected float32, bfloat16 or float16")
             st = self.state[p]
-            if len(st) == 0:
+            if "step" not in st:
                 st = self._init_state(p, group)
             st["step"] = int(st["step"]) + 1
             param = p.detach()
@@ -220,7 +302,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 cached = (objs, self._state_fields(p, st, names))
                 self._fields[p] = cached
             ptrs, eight = cached[1]
-            item = (param.data_ptr(), grad.data_ptr(), *ptrs, p.numel(), code, eight)
+            rptr, rbits = self._residual_field(p, st)
+            if rptr:
+                keep.append(st["residual"])
+            item = (param.data_ptr(), grad.data_ptr(), *ptrs, p.numel(), code, eight, rptr, rbits)
             buckets.setdefault((p.device, st["step"]), []).append(item)
         rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
         for (device, step), items in buckets.items():
@@ -247,6 +332,53 @@ class LowbitOptimizer(torch.optim.Optimizer):
         for p, param in copies:
             p.copy_(param)
         del keep
+
+    def _residual_field(self, p: torch.Tensor, st: dict[str, Any]) -> tuple[int, int]:
+        """The residual's data pointer and bits (0, 0 without one), checked."""
+        r = st.get("residual")
+        if r is None:
+            return 0, 0
+        if p.dtype == torch.float32:
+            raise RuntimeError(f"{type(self).__name__}: a float32 parameter has a residual; "
+                               "float32 parameters are their own master")
+        if r.dtype not in _RESIDUAL_BITS or r.device != p.device or not r.is_contiguous() or \
+                r.numel() != p.numel():
+            raise RuntimeError(f"{type(self).__name__}: the residual of a parameter is not a "
+                               "contiguous int16 or int8 tensor of its size on its device")
+        return r.data_ptr(), _RESIDUAL_BITS[r.dtype]
+
+    # ---- residual master weights -----------------------------------------------------------
+
+    @torch.no_grad()
+    def to_residual(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Turns the float32 parameters of the groups with ``master_weights`` set into ``dtype``
+        (bfloat16 or float16) parameters plus residuals, in place (``p.data`` is replaced; the
+        Parameter objects, and so the model's references, stay). With bfloat16 and residual16
+        the float32 values are kept exactly. Gradients of converted parameters are dropped."""
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"to_residual: dtype {dtype}; expected torch.bfloat16 or "
+                            "torch.float16")
+        for group in self.param_groups:
+            master = group.get("master_weights")
+            if master is None:
+                continue
+            bits = _MASTER[master][0]
+            for p in group["params"]:
+                if p.dtype != torch.float32:
+                    continue
+                w, r = residual_split(p.data, dtype, bits)
+                p.data = w
+                p.grad = None
+                self.state[p]["residual"] = r
+                self._fields.pop(p, None)
+
+    def master_weight(self, p: torch.Tensor) -> torch.Tensor:
+        """The float32 master value of parameter p: weight and residual joined where p has a
+        residual, else p as float32."""
+        r = self.state[p].get("residual") if p in self.state else None
+        if r is None:
+            return p.detach().float()
+        return residual_join(p.detach(), r)
 
     def _clipped(self, st: dict[str, Any], grad: torch.Tensor, q: int) -> torch.Tensor:
         """The gradient scaled by percentile clipping (a new tensor: p.grad is left as it is)."""
@@ -357,6 +489,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 self._quantize_into(st, name, signed, value)
             else:
                 st[name] = value.clone()
+        if "residual" in saved and p.dtype != torch.float32:
+            st["residual"] = saved["residual"].to(device=p.device).reshape(p.shape).clone()
         if "gnorm_history" in saved:
             st["gnorm_history"] = saved["gnorm_history"].to(device=p.device,
                                                             dtype=torch.float32).clone()

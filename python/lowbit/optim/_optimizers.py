@@ -30,7 +30,7 @@ def _lr(lr: Any) -> None:
 
 
 _common = dict(bits=32, block_size=256, min_8bit_size=4096, stochastic_rounding=False, seed=None,
-               percentile_clipping=100)
+               percentile_clipping=100, master_weights=None)
 
 
 class _AdamFamily(LowbitOptimizer):

@@ -46,10 +46,15 @@ bool optimizer_state_signed(optimizer o, int k);
 // same dtype and shape. States: float32 with param's element count (32-bit states), or uint8
 // codes with param's element count plus float32 absmax with blockwise_blocks(n, block) elements
 // (8-bit states); all states of a tensor of one kind; unused ones left empty.
+// residual (optional, present when its data is not null; bfloat16 and float16 parameters only): the
+// residual master weight of residual.hpp, int16 (16 bits) or int8 (8 bits) with param's element
+// count. The step then updates the float32 value rebuilt from param and residual and writes both
+// back (param rounded to nearest, ties away from zero); no float32 copy exists anywhere.
 struct optim_tensor {
   tensor_view param, grad;
   tensor_view state1, state2;
   tensor_view absmax1, absmax2;
+  tensor_view residual;
 };
 
 struct optim_config {
