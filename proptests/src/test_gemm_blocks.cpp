@@ -14,6 +14,8 @@
 //     operations that may underflow, plus the bias addition's u |y*| (with u |y*| more for the
 //     rounding of y* itself in the comparison).
 //   - gemm_blocks.errors: the argument checks, each message naming its argument.
+//   - the recipes of kernels/recipe.hpp: the named fp8 recipes, their checks, and a recipe's
+//     operands quantized by kernels::quantize feeding the matmul as they come.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,6 +27,8 @@
 
 #include <lowbit/emu/emu.hpp>
 #include <lowbit/kernels/gemm.hpp>
+#include <lowbit/kernels/quantize.hpp>
+#include <lowbit/kernels/recipe.hpp>
 #include <lowbit/proptest/generators.hpp>
 #include <lowbit/reference/gemm.hpp>
 
@@ -103,7 +107,7 @@ struct operand {
   // Scales: block (block_rows >= 1: [ceil(rows / block_rows), ceil(K / kb)]) or 0/1/rows.
   std::int64_t block_rows = 0, kb = 0;
   bool e8m0 = false;
-  std::vector<float> scales;      // float32 scales, or the E8M0 codes' values
+  std::vector<float> scales; // float32 scales, or the E8M0 codes' values
   std::vector<std::uint8_t> e8m0_codes;
 
   double value(std::int64_t r, std::int64_t c) const {
@@ -127,8 +131,7 @@ struct operand {
     o.codes = matrix(bytes.data(), dtype_of(k), rows, cols);
     o.fmt = target_of(k);
     if (e8m0)
-      o.scales =
-          vec(e8m0_codes.data(), dtype::uint8, static_cast<std::int64_t>(e8m0_codes.size()));
+      o.scales = vec(e8m0_codes.data(), dtype::uint8, static_cast<std::int64_t>(e8m0_codes.size()));
     else
       o.scales = vec(scales.data(), dtype::float32, static_cast<std::int64_t>(scales.size()));
     o.block_rows = block_rows;
@@ -172,11 +175,11 @@ operand make_operand(kind k, std::int64_t rows, std::int64_t cols, std::int64_t 
       o.scales.push_back(std::ldexp(1.0f + static_cast<float>(*pt::uniform<int>(0, 7)) / 8.0f,
                                     *pt::uniform<int>(-20, 20)));
     } else {
-      o.scales.push_back(*rc::gen::oneOf(
-          rc::gen::element(0.0f, -0.0f, 1.0f, -2.0f, 1e-40f, 3e38f),
-          rc::gen::map(pt::uniform<int>(-30, 30), [](int e) {
-            return std::ldexp(1.0f + static_cast<float>(e & 7) / 8.0f, e);
-          })));
+      o.scales.push_back(*rc::gen::oneOf(rc::gen::element(0.0f, -0.0f, 1.0f, -2.0f, 1e-40f, 3e38f),
+                                         rc::gen::map(pt::uniform<int>(-30, 30), [](int e) {
+                                           return std::ldexp(
+                                               1.0f + static_cast<float>(e & 7) / 8.0f, e);
+                                         })));
     }
   }
   return o;
@@ -233,10 +236,9 @@ TEST(gemm_blocks, twin_follows_the_blocked_rule) {
                                       kind::bf16, kind::f16);
     const kind kb_kind = partner(ka);
     const std::int64_t m = *pt::uniform<int>(0, 6), n = *pt::uniform<int>(0, 6);
-    const std::int64_t k = *rc::gen::oneOf(rc::gen::element<std::int64_t>(0, 1, 31, 32, 33, 128),
-                                           rc::gen::map(pt::uniform<int>(1, 400), [](int x) {
-                                             return static_cast<std::int64_t>(x);
-                                           }));
+    const std::int64_t k = *rc::gen::oneOf(
+        rc::gen::element<std::int64_t>(0, 1, 31, 32, 33, 128),
+        rc::gen::map(pt::uniform<int>(1, 400), [](int x) { return static_cast<std::int64_t>(x); }));
     const std::int64_t kb = *rc::gen::oneOf(
         rc::gen::element<std::int64_t>(1, 7, 32, 128),
         rc::gen::map(pt::uniform<int>(1, 200), [](int x) { return static_cast<std::int64_t>(x); }));
@@ -271,8 +273,7 @@ TEST(gemm_blocks, twin_follows_the_blocked_rule) {
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j) {
         const float bj = bias.empty() ? 0.0f : bias[static_cast<std::size_t>(j)];
-        store(want.data(), out_t, i * n + j,
-              k == 0 ? bj : rule(a, b, i, j, kb, model, bj));
+        store(want.data(), out_t, i * n + j, k == 0 ? bj : rule(a, b, i, j, kb, model, bj));
       }
     RC_ASSERT(got == want);
   });
@@ -298,8 +299,9 @@ TEST(gemm_blocks, twin_within_the_bound_of_the_exact_blocked_value) {
 
     const auto code_matrix = [](const operand& o) {
       ref::code_matrix c;
-      c.elem = o.k == kind::e4m3 ? ref::gemm_elem::e4m3fn
-                                 : (o.k == kind::e5m2 ? ref::gemm_elem::e5m2 : ref::gemm_elem::int8);
+      c.elem = o.k == kind::e4m3
+                   ? ref::gemm_elem::e4m3fn
+                   : (o.k == kind::e5m2 ? ref::gemm_elem::e5m2 : ref::gemm_elem::int8);
       c.rows = o.rows;
       c.cols = o.cols;
       for (const std::uint16_t x : o.codes)
@@ -360,6 +362,97 @@ TEST(gemm_blocks, argument_checks_name_the_argument) {
   EXPECT_NE(message(op(0, 0, 4, true), op(0, 0, 1, false)).find("a.scales: dtype uint8"),
             std::string::npos);
   EXPECT_EQ(message(op(1, 32, 8, true), op(2, 32, 4, true)), "");
+}
+
+TEST(gemm_blocks, named_fp8_recipes_and_their_checks) {
+  std::vector<std::string> names;
+  for (const kn::linear_recipe& r : kn::named_fp8_recipes())
+    names.push_back(r.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"fp8_tensorwise", "fp8_tensorwise_delayed", "fp8_rowwise",
+                                      "fp8_blockwise_1x128", "mxfp8", "hopper_emulated"}));
+  const kn::linear_recipe b = kn::named_fp8_recipe("fp8_blockwise_1x128");
+  EXPECT_EQ(b.forward.a.block_shape(), (std::pair<std::int64_t, std::int64_t>{1, 128}));
+  EXPECT_EQ(b.forward.b.block_shape(), (std::pair<std::int64_t, std::int64_t>{128, 128}));
+  EXPECT_EQ(b.grad_weight.b.block_shape(), (std::pair<std::int64_t, std::int64_t>{1, 128}));
+  EXPECT_TRUE(b.grad_input.a.fmt.fmt == emu::e5m2);
+  const kn::linear_recipe h = kn::named_fp8_recipe("hopper_emulated");
+  EXPECT_TRUE(h.accumulation && *h.accumulation == kn::hopper_placeholder_accumulation);
+  EXPECT_EQ(h.forward.a.scaling, kn::scaling_mode::delayed);
+  EXPECT_EQ(kn::named_fp8_recipe("mxfp8").forward.a.block_shape().second, 32);
+  EXPECT_THROW(kn::named_fp8_recipe("fp9"), lowbit::error);
+  kn::linear_recipe bad = kn::fp8_recipe(kn::fp8_granularity::rowwise);
+  bad.forward.a.scaling = kn::scaling_mode::delayed;
+  EXPECT_THROW(kn::check(bad), lowbit::error);
+  bad = kn::fp8_recipe(kn::fp8_granularity::blockwise);
+  bad.forward.b.block = 64;
+  EXPECT_THROW(kn::check(bad), lowbit::error);
+  bad = kn::fp8_recipe(kn::fp8_granularity::tensorwise);
+  bad.accumulation = emu::exact_accumulation;
+  EXPECT_THROW(kn::check(bad), lowbit::error);
+}
+
+// The blockwise recipe's forward: X in 1 x 128 blocks, W in 128 x 128 tiles by kernels::quantize,
+// the scales passed to the matmul as quantize wrote them; the result is the blocked rule's.
+TEST(gemm_blocks, a_recipes_quantized_operands_feed_the_matmul) {
+  const kn::linear_recipe r = kn::named_fp8_recipe("fp8_blockwise_1x128");
+  const std::int64_t m = 5, n = 131, k = 300;
+  std::vector<float> x(static_cast<std::size_t>(m * k)), w(static_cast<std::size_t>(n * k));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = std::ldexp(static_cast<float>(i % 13) - 6.0f, static_cast<int>(i % 9) - 4);
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = std::ldexp(static_cast<float>(i % 11) - 5.0f, static_cast<int>(i % 7) - 3);
+  const auto [ar, ak] = r.forward.a.block_shape();
+  const auto [br, bk] = r.forward.b.block_shape();
+  const std::int64_t sa_n = m * ((k + ak - 1) / ak);
+  const std::int64_t sb_n = ((n + br - 1) / br) * ((k + bk - 1) / bk);
+  std::vector<std::uint8_t> xc(x.size()), wc(w.size());
+  std::vector<float> sa(static_cast<std::size_t>(sa_n)), sb(static_cast<std::size_t>(sb_n));
+  kn::quantize(matrix(x.data(), dtype::float32, m, k), matrix(xc.data(), dtype::uint8, m, k),
+               vec(sa.data(), dtype::float32, sa_n), r.forward.a.fmt, kn::grouping::blocks(ak),
+               emu::rne_sat);
+  kn::quantize(matrix(w.data(), dtype::float32, n, k), matrix(wc.data(), dtype::uint8, n, k),
+               vec(sb.data(), dtype::float32, sb_n), r.forward.b.fmt, kn::grouping::tiles(br, bk),
+               emu::rne_sat);
+  kn::gemm_operand a, b;
+  a.codes = matrix(xc.data(), dtype::uint8, m, k);
+  a.scales = vec(sa.data(), dtype::float32, sa_n);
+  a.block_rows = ar;
+  a.block_k = ak;
+  b.codes = matrix(wc.data(), dtype::uint8, n, k);
+  b.scales = vec(sb.data(), dtype::float32, sb_n);
+  b.block_rows = br;
+  b.block_k = bk;
+  std::vector<float> out(static_cast<std::size_t>(m * n));
+  kn::scaled_matmul(a, b, kn::tensor_view{}, matrix(out.data(), dtype::float32, m, n));
+  operand oa, ob;
+  oa.k = ob.k = kind::e4m3;
+  oa.rows = m;
+  ob.rows = n;
+  oa.cols = ob.cols = k;
+  oa.codes.assign(xc.begin(), xc.end());
+  ob.codes.assign(wc.begin(), wc.end());
+  oa.block_rows = ar;
+  oa.kb = ak;
+  ob.block_rows = br;
+  ob.kb = bk;
+  oa.scales = sa;
+  ob.scales = sb;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float want = rule(oa, ob, i, j, ak, std::nullopt, 0.0f);
+      const float got = out[static_cast<std::size_t>(i * n + j)];
+      EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << i << ", " << j;
+      // and near the product of the original values (fp8's relative error, twice)
+      double exact = 0, mag = 0;
+      for (std::int64_t l = 0; l < k; ++l) {
+        exact += static_cast<double>(x[static_cast<std::size_t>(i * k + l)]) *
+                 w[static_cast<std::size_t>(j * k + l)];
+        mag += std::fabs(static_cast<double>(x[static_cast<std::size_t>(i * k + l)]) *
+                         w[static_cast<std::size_t>(j * k + l)]);
+      }
+      EXPECT_LE(std::fabs(got - exact), 0.14 * mag + 1e-30);
+    }
 }
 
 } // namespace
