@@ -90,8 +90,7 @@ inline void check(const linear_recipe& r) {
   }
   require(r.amax_history >= 1, errc::invalid_argument, r.name + ": amax_history below 1");
   if (r.accumulation)
-    require(emu::is_valid(*r.accumulation) &&
-                r.accumulation->kind != emu::accumulation_kind::exact,
+    require(emu::is_valid(*r.accumulation) && r.accumulation->kind != emu::accumulation_kind::exact,
             errc::invalid_argument, r.name + ": the accumulation model is invalid or exact");
 }
 
@@ -120,8 +119,8 @@ inline linear_recipe fp8_recipe(fp8_granularity g, scaling_mode s = scaling_mode
                         : name;
   // The row-wise recipe's per-row scales of the K-major operands: X and G per token, W per out
   // feature (forward) or per in feature (input gradient), G and X per feature (weight gradient).
-  const sg xg = g == fp8_granularity::tensorwise ? sg::tensor
-                : g == fp8_granularity::rowwise  ? sg::rows
+  const sg xg = g == fp8_granularity::tensorwise  ? sg::tensor
+                : g == fp8_granularity::rowwise   ? sg::rows
                 : g == fp8_granularity::blockwise ? sg::blocks
                                                   : sg::mx;
   const sg w = g == fp8_granularity::blockwise ? sg::tiles : xg;
