@@ -3,7 +3,9 @@ matmul of lowbit.quantize's (or quantize_mx's, or cast_scaled's) codes bit for b
 here through lowbit's numpy API; delayed scaling's multiplier q = fp8_max / max(history) and
 its amax history (the rows X, W, G) recomputed here from torch's amax; the state_dict round
 trip; convert(); torch.compile(fullgraph=True) and opcheck of the new ops; the recipes' checks;
-DDP (gloo, one process, the amax all-reduce on); CUDA against CPU (marker gpu)."""
+DDP (gloo: one process against the plain step; two processes with different data, whose
+histories agree with the amax all-reduce and differ without it); CUDA against CPU (marker
+gpu)."""
 
 from __future__ import annotations
 
@@ -138,6 +140,19 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_history():
     for _ in range(3):
         small(x).sum().backward()
     assert small.amax_history[0, 0] == small.amax_history[0, 1] == x.abs().max()
+
+
+def test_eval_mode_reads_the_history_and_leaves_it():
+    layer, x = layer_and_input("fp8_tensorwise_delayed", tokens=6)
+    layer(x).sum().backward()
+    before = layer.amax_history.clone()
+    y_train_next = lnn.Float8Linear(300, 130)
+    y_train_next.load_state_dict(layer.state_dict())
+    layer.eval()
+    with torch.no_grad():
+        y = layer(x * 5)
+    assert torch.equal(layer.amax_history, before)
+    assert torch.equal(y, y_train_next(x * 5))  # the same scales as a training step would use
 
 
 def test_state_dict_round_trip_resumes_the_scales():
@@ -299,3 +314,36 @@ def test_cuda_emulation_equals_the_cpu_bit_for_bit(name):
             assert torch.equal(a, b), i
     if cpu.amax_history is not None:
         assert torch.equal(cpu.amax_history, gpu.amax_history.cpu())
+
+
+def _two_rank_worker(rank, store, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        out = {}
+        for reduce_amax in (True, False):
+            recipe = lnn.fp8_recipe("tensorwise", "delayed", reduce_amax=reduce_amax)
+            net = torch.nn.parallel.DistributedDataParallel(ddp_model(0, recipe),
+                                                            broadcast_buffers=False)
+            g = torch.Generator().manual_seed(10 + rank)  # each rank its own data and amaxes
+            x = torch.randn(16, 32, generator=g) * (1 + 3 * rank)
+            y = torch.randn(16, 8, generator=g)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            out[reduce_amax] = (net.module[0].amax_history.clone(), x.abs().max())
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+def test_two_rank_ddp_amax_all_reduce(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+             join=True)
+    r = [torch.load(tmp_path / f"rank{i}.pt") for i in range(2)]
+    # reduce_amax: every rank holds the global (max) amaxes of X, W and G.
+    (h0, a0), (h1, a1) = r[0][True], r[1][True]
+    assert torch.equal(h0, h1) and h0[0, 0] == max(a0, a1)
+    # Without it (and without DDP's buffer broadcast) each rank records its own.
+    (h0, a0), (h1, a1) = r[0][False], r[1][False]
+    assert h0[0, 0] == a0 and h1[0, 0] == a1 and not torch.equal(h0[0], h1[0])

@@ -227,8 +227,10 @@ class LowPrecisionLinear(nn.Linear):
 
     def _add_history(self, device: Any) -> None:
         """Delayed scaling's state: buffer amax_history, float32 (3, amax_history), the rows
-        X, W and G, column 0 the newest amax (zeros: no step yet). In the state_dict, so a
-        checkpoint resumes the scales; only recipes with delayed scaling have it."""
+        X, W and G, column 0 the newest amax (zeros: no step yet), updated by each forward
+        (X, W) and backward (G) in training mode and read but left as it is in eval mode. In
+        the state_dict, so a checkpoint resumes the scales; only recipes with delayed scaling
+        have it."""
         r = self.recipe
         if any(r.delayed(t) for t in _HISTORY_ROW):
             self.register_buffer("amax_history",
@@ -266,6 +268,8 @@ class LowPrecisionLinear(nn.Linear):
             raise RuntimeError(f"recipe {self.recipe.name} scales with delayed scaling but the "
                                "layer has no amax_history buffer (build the layer with the "
                                "recipe, or use from_linear / convert)")
+        if history is not None and not self.training:
+            history = history.clone()  # eval: the scales read the history, which stays as it is
         y = LinearFunction.apply(x, weight, bias, self.recipe, history)
         return y.reshape(*lead, self.out_features)
 
