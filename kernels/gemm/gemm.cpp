@@ -93,6 +93,42 @@ struct side_views {
   const char* fmt_arg;
 };
 
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Block scales (gemm.hpp): [ceil(rows / block_rows), ceil(K / block_k)] float32 factors or
+// E8M0 codes (fp8 operands only).
+gemm_side check_blocks(const gemm_operand& op, const side_views& names, const matrix_shape& m,
+                       gemm_side s, const tensor_view& scales) {
+  const std::string arg = names.scales_arg;
+  require(op.block_rows >= 1 && op.block_k >= 1, errc::invalid_argument,
+          arg + ": block scales need block_rows >= 1 and block_k >= 1 (got " +
+              std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
+              "; both 0 for tensor or row scales)");
+  require_dtype(scales, names.scales_arg, {dtype::float32, dtype::uint8});
+  const bool e8m0 = scales.type == dtype::uint8;
+  require(!e8m0 || gemm_is_fp8(s.elem), errc::invalid_argument,
+          arg + ": uint8 (E8M0) scales are for fp8 operands (MXFP8); give float32 scales for " +
+              std::string(names.fmt_arg) + " operands");
+  const std::int64_t sr = ceil_div(m.rows, op.block_rows), sc = ceil_div(m.cols, op.block_k);
+  require(scales.numel() == sr * sc, errc::invalid_argument,
+          arg + ": " + std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
+              " blocks of a " + std::to_string(m.rows) + " x " + std::to_string(m.cols) +
+              " operand need " + std::to_string(sr) + " x " + std::to_string(sc) +
+              " scales but got shape " + scales.shape_string());
+  if (scales.numel() > 0) {
+    require_contiguous(scales, names.scales_arg);
+    require_same_device(op.codes, names.codes_arg, scales, names.scales_arg);
+  }
+  s.mode = scale_mode::blocks;
+  s.block_scales = scales.numel() == 0 ? nullptr : scales.data;
+  s.block_rows = op.block_rows;
+  s.scale_cols = sc;
+  s.e8m0 = e8m0;
+  return s;
+}
+
 gemm_side check_side(const gemm_operand& op, const side_views& names, std::int64_t& k) {
   gemm_side s;
   const tensor_view scales = none_if_default(op.scales);
@@ -109,6 +145,8 @@ gemm_side check_side(const gemm_operand& op, const side_views& names, std::int64
   k = m.cols;
 
   check_view(scales, names.scales_arg);
+  if (op.block_rows != 0 || op.block_k != 0)
+    return check_blocks(op, names, m, s, scales);
   require_dtype(scales, names.scales_arg, {dtype::float32});
   const std::int64_t ns = scales.numel();
   require(ns == 0 || ns == 1 || ns == m.rows, errc::invalid_argument,
@@ -149,6 +187,12 @@ gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_vi
   p.m = p.a.rows;
   p.n = p.b.rows;
   p.k = ka;
+  if (a.block_k > 0 && b.block_k > 0)
+    require(a.block_k == b.block_k, errc::invalid_argument,
+            "b.scales: K blocks of " + std::to_string(b.block_k) +
+                " but a.scales has K blocks of " + std::to_string(a.block_k) +
+                " (the blocked rule needs one K block length)");
+  p.kblock = a.block_k > 0 ? a.block_k : b.block_k;
   if (p.a.elem == gemm_elem::int8) {
     const bool sym = a.fmt.ifmt == emu::int8_sym && b.fmt.ifmt == emu::int8_sym;
     const std::int64_t limit = sym ? gemm_int8_sym_k_limit : gemm_int8_k_limit;
@@ -202,6 +246,9 @@ gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_vi
 std::string refusal(gemm_backend b, const gemm_problem& p) {
   const bool int8 = p.a.elem == gemm_elem::int8;
   const bool fp8 = gemm_is_fp8(p.a.elem);
+  if (b != gemm_backend::automatic && b != gemm_backend::simt && p.kblock > 0)
+    return "block scales (block_rows, block_k) run on the CUDA cores only (simt): a tensor-core "
+           "GEMM cannot scale each K block's partial sum";
   switch (b) {
   case gemm_backend::automatic:
   case gemm_backend::simt: return {};
@@ -225,6 +272,8 @@ std::string refusal(gemm_backend b, const gemm_problem& p) {
 gemm_backend choose(const gemm_problem& p) {
   if (p.k == 0 || p.m == 0 || p.n == 0)
     return gemm_backend::simt; // nothing to multiply: the simt kernel writes round(bias)
+  if (p.kblock > 0)
+    return gemm_backend::simt; // block scales: the CUDA cores only
   // CUTLASS first where it runs (sm_90: every epilogue fused, the int8 sums at twice bf16's
   // rate); fp8 elsewhere on cuBLASLt's own fp8 (sm_89+) or widened to 16-bit.
   if (refusal(gemm_backend::cutlass, p).empty())

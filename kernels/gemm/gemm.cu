@@ -34,8 +34,10 @@ struct no_model {
 };
 
 // Model: the sum runs through p.accumulation's emu::accumulator (the twin's object, fed the same
-// products in the same order) instead of acc = acc + prod.
-template <bool Int, bool Model = false>
+// products in the same order) instead of acc = acc + prod. Blocked: block scales along K (the
+// blocked rule of gemm.hpp): every p.kblock products the block's sum is scaled into the float32
+// total and the sum starts afresh, as the twin does.
+template <bool Int, bool Model = false, bool Blocked = false>
 __global__ void __launch_bounds__(simt_threads)
     simt_kernel(const gemm_problem p, std::int64_t tiles_n, std::int64_t tiles) {
   using acc_t = std::conditional_t<Int, int, float>;
@@ -48,6 +50,23 @@ __global__ void __launch_bounds__(simt_threads)
     const std::int64_t m = m0 + ty, n = n0 + tx;
     acc_t acc = 0;
     std::conditional_t<Model, emu::accumulator, no_model> model(p.accumulation);
+    const bool inside = m < p.m && n < p.n; // only these read scales
+    gemm_block_total total;
+    std::int64_t in_block = 0, block = 0;
+    const auto end_block = [&]() {
+      float sum;
+      if constexpr (Model) {
+        sum = model.finish();
+        model = emu::accumulator(p.accumulation);
+      } else {
+        sum = static_cast<float>(acc);
+        acc = 0;
+      }
+      if (inside)
+        total.add(sum, gemm_block_scale(p.a, m, block), gemm_block_scale(p.b, n, block));
+      in_block = 0;
+      ++block;
+    };
     for (std::int64_t k0 = 0; k0 < p.k; k0 += tk) {
       for (int i = static_cast<int>(threadIdx.x); i < tile * tk; i += simt_threads) {
         const int r = i / tk, c = i % tk;
@@ -72,12 +91,20 @@ __global__ void __launch_bounds__(simt_threads)
           model.add(prod);
         else
           acc = acc + prod;
+        if constexpr (Blocked)
+          if (++in_block == p.kblock)
+            end_block();
       }
       __syncthreads();
     }
-    if (m < p.m && n < p.n) {
+    if constexpr (Blocked)
+      if (in_block > 0)
+        end_block();
+    if (inside) {
       if (p.k == 0)
         gemm_empty_k(p, m, n);
+      else if constexpr (Blocked)
+        gemm_finish_blocks(p, m, n, total.total);
       else if constexpr (Model)
         gemm_finish(p, m, n, model.finish());
       else
@@ -202,9 +229,18 @@ void simt_matmul(const gemm_problem& p, const exec& ex) {
   const std::int64_t tiles_n = (p.n + tile - 1) / tile;
   const std::int64_t tiles = ((p.m + tile - 1) / tile) * tiles_n;
   const unsigned grid = grid_for(tiles, 1, 8);
-  if (p.a.elem == gemm_elem::int8)
+  const bool model = p.accumulation.kind != emu::accumulation_kind::fp32_sequential;
+  const cudaStream_t s = stream_of(ex);
+  if (p.kblock > 0 && p.k > 0) {
+    if (p.a.elem == gemm_elem::int8)
+      simt_kernel<true, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
+    else if (model)
+      simt_kernel<false, true, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
+    else
+      simt_kernel<false, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
+  } else if (p.a.elem == gemm_elem::int8)
     simt_kernel<true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
-  else if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential)
+  else if (model)
     simt_kernel<false, true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
   else
     simt_kernel<false><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);

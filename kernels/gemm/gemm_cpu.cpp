@@ -1,8 +1,9 @@
 // CPU twin of the scaled matmul, the witness of every backend: exact int32 sums for int8, and for
 // fp8 and 16-bit operands the float32 sum acc = acc + a*b over k = 0, 1, ..., K-1 in order (the
 // simt kernel's order), or the products in that order through the caller's accumulation model
-// (emu/accumulate.hpp), then gemm_finish. Threads split the rows of the output; each output's
-// arithmetic is the same whatever the split.
+// (emu/accumulate.hpp), then gemm_finish; with block scales, the same per K block and the
+// blocked rule's float32 sum of the scaled block terms (gemm.hpp). Threads split the rows of the
+// output; each output's arithmetic is the same whatever the split.
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -24,6 +25,18 @@ std::array<float, 256> table_of(gemm_elem e) {
   return t;
 }
 
+// The blocked rule (gemm.hpp): each K block's partial sum alone (`block(k0, k1)`), scaled by
+// its two block scales, the terms summed in float32 in block order.
+template <class Block>
+void finish_blocked(const gemm_problem& p, std::int64_t m, std::int64_t n, Block block) {
+  gemm_block_total t;
+  for (std::int64_t j = 0, k0 = 0; k0 < p.k; ++j, k0 += p.kblock) {
+    const std::int64_t k1 = p.k - k0 < p.kblock ? p.k : k0 + p.kblock;
+    t.add(block(k0, k1), gemm_block_scale(p.a, m, j), gemm_block_scale(p.b, n, j));
+  }
+  gemm_finish_blocks(p, m, n, t.total);
+}
+
 void int8_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
   const auto* a = static_cast<const std::int8_t*>(p.a.codes);
   const auto* b = static_cast<const std::int8_t*>(p.b.codes);
@@ -31,6 +44,15 @@ void int8_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
     const std::int8_t* ar = a + m * p.a.row_stride;
     for (std::int64_t n = 0; n < p.n; ++n) {
       const std::int8_t* br = b + n * p.b.row_stride;
+      if (p.kblock > 0) {
+        finish_blocked(p, m, n, [&](std::int64_t k0, std::int64_t k1) {
+          std::int64_t acc = 0;
+          for (std::int64_t k = k0; k < k1; ++k)
+            acc += std::int32_t{ar[k]} * std::int32_t{br[k]};
+          return static_cast<float>(static_cast<std::int32_t>(acc));
+        });
+        continue;
+      }
       // The K limit keeps every partial sum inside int32; int64 costs nothing here.
       std::int64_t acc = 0;
       for (std::int64_t k = 0; k < p.k; ++k)
@@ -49,6 +71,23 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
       av[static_cast<std::size_t>(k)] = gemm_value(p.a.elem, p.a.codes, m * p.a.row_stride + k);
     for (std::int64_t n = 0; n < p.n; ++n) {
       const std::int64_t b0 = n * p.b.row_stride;
+      if (p.kblock > 0) {
+        finish_blocked(p, m, n, [&](std::int64_t k0, std::int64_t k1) {
+          if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
+            emu::accumulator acc(p.accumulation);
+            for (std::int64_t k = k0; k < k1; ++k)
+              acc.add(av[static_cast<std::size_t>(k)] * value_b(b0 + k));
+            return acc.finish();
+          }
+          float acc = 0.0f;
+          for (std::int64_t k = k0; k < k1; ++k) {
+            const float prod = av[static_cast<std::size_t>(k)] * value_b(b0 + k);
+            acc = acc + prod;
+          }
+          return acc;
+        });
+        continue;
+      }
       if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
         emu::accumulator acc(p.accumulation);
         for (std::int64_t k = 0; k < p.k; ++k)

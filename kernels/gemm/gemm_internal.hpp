@@ -19,16 +19,22 @@ namespace lowbit::kernels {
 // The element type of an operand, as the backends dispatch on it.
 enum class gemm_elem : std::uint8_t { int8, e4m3, e5m2, bf16, f16 };
 
-// How an operand's scales are read.
-enum class scale_mode : std::uint8_t { none, tensor, rows };
+// How an operand's scales are read (blocks: gemm_side's block fields; only the CPU twin and
+// simt read them, through gemm_block_scale).
+enum class scale_mode : std::uint8_t { none, tensor, rows, blocks };
 
 struct gemm_side {
   const void* codes = nullptr;
   std::int64_t rows = 0;       // M for A, N for B
   std::int64_t row_stride = 0; // elements between rows (>= K)
   gemm_elem elem = gemm_elem::int8;
-  const float* scales = nullptr; // null when mode is none
+  const float* scales = nullptr; // null when mode is none or blocks
   scale_mode mode = scale_mode::none;
+  // mode blocks: [ceil(rows / block_rows), scale_cols] scales, row-major, float32 or E8M0 codes.
+  const void* block_scales = nullptr;
+  std::int64_t block_rows = 1;
+  std::int64_t scale_cols = 1;
+  bool e8m0 = false;
 };
 
 struct gemm_problem {
@@ -43,6 +49,8 @@ struct gemm_problem {
   // fp8 and 16-bit operands: the sum over k = 0, 1, ..., K-1 (fp32_sequential unless the caller
   // named a model; only the twin and simt read it).
   emu::accumulation accumulation{};
+  // K block length of block scales (gemm.hpp's blocked rule); 0: no K blocks.
+  std::int64_t kblock = 0;
 };
 
 // K up to which an int32 sum of int8 products is exact: floor((2^31 - 1) / 128^2), and for two
@@ -79,6 +87,38 @@ LOWBIT_HD inline float gemm_value(gemm_elem e, const void* codes, std::int64_t i
 LOWBIT_HD inline float gemm_scale(const float* scales, scale_mode mode, std::int64_t row) {
   return mode == scale_mode::none ? 1.0f : scales[mode == scale_mode::rows ? row : 0];
 }
+
+// The value of an E8M0 scale code: 2^(code - 127) (code 0 is 2^-127, a float32 subnormal),
+// 0xFF NaN.
+LOWBIT_HD inline float gemm_e8m0(std::uint8_t code) {
+  if (code == 0xFFu)
+    return emu::detail::bit_cast<float>(0x7FC00000u);
+  if (code == 0)
+    return emu::detail::bit_cast<float>(0x00400000u);
+  return emu::detail::bit_cast<float>(static_cast<std::uint32_t>(code) << 23);
+}
+
+// An operand's scale for row `row` and K block j: its block scale, or gemm_scale's for an
+// operand without block scales.
+LOWBIT_HD inline float gemm_block_scale(const gemm_side& s, std::int64_t row, std::int64_t j) {
+  if (s.mode != scale_mode::blocks)
+    return gemm_scale(s.scales, s.mode, row);
+  const std::int64_t i = (row / s.block_rows) * s.scale_cols + j;
+  return s.e8m0 ? gemm_e8m0(static_cast<const std::uint8_t*>(s.block_scales)[i])
+                : static_cast<const float*>(s.block_scales)[i];
+}
+
+// The blocked rule's float32 sum of scaled block terms, the first term as the start.
+struct gemm_block_total {
+  float total = 0.0f;
+  bool any = false;
+  LOWBIT_HD void add(float acc, float sa, float sb) {
+    float t = acc * sa;
+    t = t * sb;
+    total = any ? total + t : t;
+    any = true;
+  }
+};
 
 // bias[n] as float32 (0 without bias); bias is float32, bfloat16 or float16.
 LOWBIT_HD inline float gemm_bias(const void* bias, dtype t, std::int64_t n) {
@@ -131,6 +171,13 @@ LOWBIT_HD inline void gemm_finish(const gemm_problem& p, std::int64_t m, std::in
 // K = 0 (the header's empty problem): out = round(bias), or +0 without bias; no scale is read.
 LOWBIT_HD inline void gemm_empty_k(const gemm_problem& p, std::int64_t m, std::int64_t n) {
   gemm_store(p.out, p.out_type, m * p.out_stride + n, gemm_bias(p.bias, p.bias_type, n));
+}
+
+// One output of the blocked rule from its block total: T + bias, rounded to out's dtype.
+LOWBIT_HD inline void gemm_finish_blocks(const gemm_problem& p, std::int64_t m, std::int64_t n,
+                                         float total) {
+  const float v = total + gemm_bias(p.bias, p.bias_type, n);
+  gemm_store(p.out, p.out_type, m * p.out_stride + n, v);
 }
 
 inline bool gemm_is_fp8(gemm_elem e) {

@@ -11,6 +11,8 @@
 //   - native fp8 == widened == the twin where every partial sum is exact;
 //   - simt (and automatic) == the twin bit for bit under every accumulation model, which the
 //     tensor-core backends refuse;
+//   - simt (and automatic) == the twin bit for bit with block scales (1 x kb, r x kb, E8M0),
+//     which the tensor-core backends refuse;
 //   - the refusals of an explicit backend, automatic's fallbacks, the int8 K limit.
 // Output buffers and their padding start poisoned identically on both sides, so a stray or
 // missing write differs. Every test skips where there is no device.
@@ -411,6 +413,100 @@ TEST(gpu_gemm, tensor_core_backends_refuse_an_accumulation_model) {
         RC_ASSERT(e.code() == errc::unsupported);
       }
     }
+  }));
+}
+
+// ---- block scales (gemm.hpp's blocked rule) ---------------------------------------------------
+
+// Block scales for an operand of p: 1 x kb, 128 x kb (or a random r x kb) float32 factors, or
+// for fp8 operands E8M0 codes (0xFF among them), in the kernels' [ceil(rows / r), ceil(K / kb)]
+// layout.
+struct block_scales {
+  std::int64_t rows = 0, k = 0;
+  bool e8m0 = false;
+  std::unique_ptr<mirrored> buf;
+  std::int64_t count = 0;
+};
+
+block_scales draw_block_scales(const operand& o, std::int64_t kb, bool e8m0) {
+  block_scales s;
+  s.rows = *rc::gen::element<std::int64_t>(1, 1, 3, 128);
+  s.k = kb;
+  s.e8m0 = e8m0;
+  s.count = ((o.rows + s.rows - 1) / s.rows) * ((o.cols + kb - 1) / kb);
+  s.buf = std::make_unique<mirrored>(static_cast<std::size_t>(s.count) * 4 + 4);
+  for (std::int64_t i = 0; i < s.count; ++i) {
+    if (e8m0) {
+      const int c = *rc::gen::weightedOneOf<int>(
+          {{8, rc::gen::inRange(107, 148)}, {1, rc::gen::element(0, 254, 255)}});
+      s.buf->host[static_cast<std::size_t>(i)] = static_cast<unsigned char>(c);
+    } else {
+      const float v = draw_scale(false);
+      std::memcpy(s.buf->host.data() + i * 4, &v, 4);
+    }
+  }
+  s.buf->push();
+  return s;
+}
+
+TEST(gpu_gemm, simt_equals_the_twin_with_block_scales) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_gemm.blocks", [] {
+    const kind ka = *rc::gen::element(kind::int8, kind::int8_sym, kind::e4m3, kind::e5m2,
+                                      kind::bf16, kind::f16);
+    options o;
+    o.aligned = *rc::gen::arbitrary<bool>();
+    o.max_k = 600;
+    problem p = make_problem(ka, partner(ka), o);
+    const std::int64_t kb = *rc::gen::element<std::int64_t>(1, 7, 32, 128);
+    const bool e8m0 = is_fp8(ka) && *rc::gen::arbitrary<bool>();
+    // A blocked, B blocked or per row/tensor (make_problem's scales).
+    const block_scales sa = draw_block_scales(p.a, kb, e8m0);
+    const bool b_blocked = *rc::gen::arbitrary<bool>();
+    const block_scales sb = draw_block_scales(p.b, kb, e8m0);
+    std::optional<emu::accumulation> model;
+    if (!is_int(ka) && *rc::gen::arbitrary<bool>())
+      model = emu::block_fixed_point(*rc::gen::inRange(1, 65), *rc::gen::inRange(0, 41),
+                                     *rc::gen::arbitrary<bool>(), emu::term_rounding::toward_zero,
+                                     emu::register_rounding::nearest_even, *rc::gen::inRange(0, 5));
+    const auto run = [&](bool gpu, gemm_backend b) {
+      p.out = std::make_unique<mirrored>(p.out_bytes());
+      kernels::gemm_operand ga = p.a.op(gpu), gb = p.b.op(gpu);
+      ga.scales = sa.buf->flat(gpu, e8m0 ? dtype::uint8 : dtype::float32, sa.count);
+      ga.block_rows = sa.rows;
+      ga.block_k = sa.k;
+      if (b_blocked) {
+        gb.scales = sb.buf->flat(gpu, e8m0 ? dtype::uint8 : dtype::float32, sb.count);
+        gb.block_rows = sb.rows;
+        gb.block_k = sb.k;
+      }
+      kernels::gemm_options opt;
+      opt.backend = b;
+      opt.accumulation = model;
+      kernels::scaled_matmul(
+          ga, gb, p.bias->flat(gpu, p.bias_t, p.nbias),
+          p.out->view(gpu, p.out_t, p.a.rows, p.b.rows, p.out_stride, p.out_offset), opt);
+      gpu_test::cuda_ok(cudaDeviceSynchronize(), "sync");
+    };
+    run(false, gemm_backend::automatic);
+    const auto cpu = p.result(false);
+    for (gemm_backend b : {gemm_backend::simt, gemm_backend::automatic}) {
+      run(true, b);
+      RC_ASSERT(same_bytes(cpu, p.result(true),
+                           std::string(kernels::gemm_backend_name(b)) + " with " +
+                               std::to_string(sa.rows) + " x " + std::to_string(kb) +
+                               " blocks on " + p.describe()));
+    }
+    if (!model && p.a.cols > 0 && p.a.rows > 0 && p.b.rows > 0)
+      for (gemm_backend b :
+           {gemm_backend::cublaslt, gemm_backend::cutlass, gemm_backend::widened}) {
+        try {
+          run(true, b);
+          RC_FAIL(std::string(kernels::gemm_backend_name(b)) + " took block scales");
+        } catch (const error& e) {
+          RC_ASSERT(e.code() == errc::unsupported);
+        }
+      }
   }));
 }
 

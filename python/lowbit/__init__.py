@@ -35,7 +35,7 @@ from lowbit._blockwise import (
 )
 from lowbit._core import Format
 from lowbit._fake import fake_quantize
-from lowbit._gemm import scaled_matmul
+from lowbit._gemm import Accumulation, scaled_matmul
 from lowbit._quantize import (
     Granularity,
     TargetInfo,
@@ -52,6 +52,7 @@ from lowbit._verify import Report, assert_verified, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accumulation",
     "Codebook",
     "Format",
     "FormatInfo",

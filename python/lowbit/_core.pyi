@@ -195,6 +195,9 @@ def scaled_matmul(
     empty: _Empty,
     threads: int,
     stream: int,
+    accumulation: Optional[list[int]] = None,
+    a_block: tuple[int, int] = (0, 0),
+    b_block: tuple[int, int] = (0, 0),
 ) -> _Array: ...
 
 def _describe(obj: _Array, name: str = "x", writable: bool = False) -> dict[str, Any]: ...

@@ -9,6 +9,7 @@ cupy, ...); the result comes back in the caller's array library on the same devi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -17,6 +18,171 @@ from lowbit import _core, _dtypes, _interop
 from lowbit._api import _dtype_name, _format, _format_arg, _name, _threads
 
 _OUT_DTYPES = ("float32", "bfloat16", "float16")
+
+_KINDS = ("fp32_sequential", "exact", "block_fixed_point")
+_TERMS = ("toward_zero", "nearest_even")  # emu::term_rounding's order
+_REGISTER = ("nearest_even", "toward_zero")  # emu::register_rounding's order
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """How a matmul sums its exact products: emu::accumulation (emu/include/lowbit/emu/
+    accumulate.hpp; the equations are docs/techniques/fp8-training.md's "The accumulation
+    models"). Build one with ``Accumulation.fp32()`` (acc = acc + p in k order, float32
+    nearest-even: the CPU twin's and simt's own sum), ``Accumulation.exact()`` (the exact sum:
+    the reference's; no backend computes it) or ``Accumulation.block_fixed_point(...)`` (a
+    tensor-core model: blocks of ``k`` products aligned to the block's largest exponent, kept to
+    ``fraction_bits`` bits below it, summed exactly, written into a float32 register, promoted
+    into a float32 accumulator every ``promote_every`` blocks, 0 for never).
+
+    >>> lowbit.Accumulation.parse(str(lowbit.Accumulation.block_fixed_point(32, 13)))
+    Accumulation.block_fixed_point(k=32, fraction_bits=13)
+
+    ``str()`` gives a short spec (``"fp32"``, ``"exact"``, ``"bfp:k=32,f=13,..."``) that
+    :meth:`parse` reads back: the form the torch custom op ``lowbit::scaled_mm`` takes.
+    """
+
+    kind: str = "fp32_sequential"
+    k: int = 1
+    fraction_bits: int = 23
+    align_with_register: bool = False
+    terms: str = "toward_zero"
+    register: str = "nearest_even"
+    promote_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"accumulation kind {self.kind!r}: expected one of "
+                             f"{', '.join(_KINDS)}")
+        if self.terms not in _TERMS:
+            raise ValueError(f"accumulation terms {self.terms!r}: expected one of "
+                             f"{', '.join(_TERMS)}")
+        if self.register not in _REGISTER:
+            raise ValueError(f"accumulation register {self.register!r}: expected one of "
+                             f"{', '.join(_REGISTER)}")
+        for name in ("k", "fraction_bits", "promote_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"accumulation {name}: expected an int, got {type(v).__name__}")
+        if self.kind == "block_fixed_point" and not (
+                1 <= self.k <= 64 and 0 <= self.fraction_bits <= 40 and self.promote_every >= 0):
+            raise ValueError(f"accumulation: block_fixed_point needs 1 <= k <= 64, 0 <= "
+                             f"fraction_bits <= 40 and promote_every >= 0 (got k={self.k}, "
+                             f"fraction_bits={self.fraction_bits}, "
+                             f"promote_every={self.promote_every})")
+        object.__setattr__(self, "align_with_register", bool(self.align_with_register))
+
+    @classmethod
+    def fp32(cls) -> Accumulation:
+        """acc = acc + p in product order, float32 nearest-even."""
+        return cls("fp32_sequential")
+
+    @classmethod
+    def exact(cls) -> Accumulation:
+        """The exact sum, rounded once (the reference's; the kernels refuse it)."""
+        return cls("exact")
+
+    @classmethod
+    def block_fixed_point(cls, k: int, fraction_bits: int, *, align_with_register: bool = False,
+                          terms: str = "toward_zero", register: str = "nearest_even",
+                          promote_every: int = 0) -> Accumulation:
+        """The tensor-core model of emu::block_fixed_point (parameters as the class doc)."""
+        return cls("block_fixed_point", k, fraction_bits, align_with_register, terms, register,
+                   promote_every)
+
+    def fields(self) -> list[int]:
+        """The seven integers the compiled module takes (python/src/gemm.cpp)."""
+        return [_KINDS.index(self.kind), self.k, self.fraction_bits,
+                int(self.align_with_register), _TERMS.index(self.terms),
+                _REGISTER.index(self.register), self.promote_every]
+
+    def __str__(self) -> str:
+        if self.kind == "fp32_sequential":
+            return "fp32"
+        if self.kind == "exact":
+            return "exact"
+        return (f"bfp:k={self.k},f={self.fraction_bits},align={int(self.align_with_register)},"
+                f"terms={self.terms},register={self.register},promote={self.promote_every}")
+
+    def __repr__(self) -> str:
+        if self.kind != "block_fixed_point":
+            return f"Accumulation.{'fp32' if self.kind == 'fp32_sequential' else 'exact'}()"
+        extra = []
+        if self.align_with_register:
+            extra.append("align_with_register=True")
+        if self.terms != "toward_zero":
+            extra.append(f"terms={self.terms!r}")
+        if self.register != "nearest_even":
+            extra.append(f"register={self.register!r}")
+        if self.promote_every:
+            extra.append(f"promote_every={self.promote_every}")
+        tail = "".join(", " + e for e in extra)
+        return f"Accumulation.block_fixed_point(k={self.k}, fraction_bits={self.fraction_bits}{tail})"
+
+    @classmethod
+    def parse(cls, spec: str) -> Accumulation:
+        """The value of ``str(accumulation)``; also "fp32_sequential" and "block_fixed_point:..."."""
+        if not isinstance(spec, str):
+            raise TypeError(f"accumulation: expected a spec (str), got {type(spec).__name__}")
+        if spec in ("fp32", "fp32_sequential"):
+            return cls.fp32()
+        if spec == "exact":
+            return cls.exact()
+        head, _, rest = spec.partition(":")
+        if head not in ("bfp", "block_fixed_point") or not rest:
+            raise ValueError(f"accumulation {spec!r}: expected 'fp32', 'exact' or "
+                             "'bfp:k=..,f=..[,align=0|1,terms=..,register=..,promote=..]'")
+        keys = {"k": "k", "f": "fraction_bits", "align": "align_with_register",
+                "terms": "terms", "register": "register", "promote": "promote_every"}
+        kw: dict[str, Any] = {}
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            if not eq or key not in keys or keys[key] in kw:
+                raise ValueError(f"accumulation {spec!r}: bad or repeated field {item!r} "
+                                 f"(fields {', '.join(keys)})")
+            if key in ("terms", "register"):
+                kw[keys[key]] = value
+            else:
+                try:
+                    kw[keys[key]] = int(value)
+                except ValueError:
+                    raise ValueError(f"accumulation {spec!r}: {key} is not an integer") from None
+        if "k" not in kw or "fraction_bits" not in kw:
+            raise ValueError(f"accumulation {spec!r}: k and f are required")
+        return cls("block_fixed_point", **kw)
+
+    @classmethod
+    def of(cls, value: Any) -> Accumulation:
+        """An Accumulation, or its spec string."""
+        if isinstance(value, Accumulation):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        raise TypeError(f"accumulation: expected a lowbit.Accumulation or a spec string, got "
+                        f"{type(value).__name__}")
+
+
+def _block(arg: str, value: Any) -> tuple[int, int]:
+    """Block scales as (block_rows, block_k): a tuple, or the granularity that made the scales
+    (("blocks", k) of :func:`quantize` is (1, k), ("tiles", r, c) is (r, c))."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, tuple) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return (int(value[0]), int(value[1]))
+    from lowbit._quantize import Granularity
+
+    try:
+        g = Granularity.of(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{arg}: expected (block_rows, block_k), ('blocks', k) or ('tiles', r, c),"
+                        f" got {value!r}") from None
+    if g.kind == "blocks":
+        return (1, g.size[0])
+    if g.kind == "tiles":
+        return (g.size[0], g.size[1])
+    raise ValueError(f"{arg}: block scales come from ('blocks', k) or ('tiles', r, c) "
+                     f"granularities, got {g.kind!r} (pass those scales without {arg})")
 
 
 def _operand(arg: str, codes: Any, fmt: Any) -> tuple[Any, Any]:
@@ -76,6 +242,9 @@ def scaled_matmul(
     out: Any = None,
     backend: str = "automatic",
     threads: int = 0,
+    accumulation: Any = None,
+    a_block: Any = None,
+    b_block: Any = None,
 ) -> Any:
     """``out[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n])`` with
     ``acc = A[m, :] . B[n, :]``: a matmul of two K-major operands (A is M x K, B is N x K, so
@@ -111,6 +280,17 @@ def scaled_matmul(
         a CUDA matmul (CPU arrays always run the CPU twin; docs/techniques/gemm.md says which
         backend "automatic" picks where).
     threads: CPU threads, 0 for all cores (CUDA work runs on the caller's current stream).
+    accumulation: None (each backend's own sum) or an :class:`Accumulation` (or its spec
+        string) for fp8 and 16-bit operands: the CPU twin and simt (which "automatic" then
+        picks) sum with that model; tensor-core backends refuse one (they sum in hardware).
+    a_block, b_block: block scales: (block_rows, block_k), or the granularity that made the
+        scales (("blocks", 128) is (1, 128), ("tiles", 128, 128) is (128, 128)); the scales are
+        then :func:`quantize`'s [ceil(rows / block_rows), ceil(K / block_k)] float32 factors, or
+        :func:`quantize_mx`'s uint8 E8M0 codes with ``(1, 32)`` for fp8 operands. Each K
+        block's partial sum (exact int32 for int8; float32 or the accumulation model, started
+        afresh, for the others) is multiplied by its two scales, ``(acc_j * sa) * sb``, and the
+        terms are summed in float32 in block order, the first as the start, then the bias
+        (docs/techniques/gemm.md, "Block scales"). CPU twin and simt only.
 
     Empty problems (M, N or K of 0) give round(bias) (zeros without a bias). Returns the result
     in the caller's array type on a's device (bfloat16 numpy results are ml_dtypes arrays).
@@ -120,6 +300,8 @@ def scaled_matmul(
     dt = _out_dtype(out_dtype)
     backend = _name("backend", backend)
     threads = _threads(threads)
+    acc = None if accumulation is None else Accumulation.of(accumulation).fields()
+    ab, bb = _block("a_block", a_block), _block("b_block", b_block)
     arrays = [("a", a, None), ("b", b, None)]
     for name, value in (("a_scales", a_scales), ("b_scales", b_scales), ("bias", bias)):
         if value is not None:
@@ -130,6 +312,6 @@ def scaled_matmul(
         v = c.values
         result = _core.scaled_matmul(v["a"], v["b"], af, bf, v.get("a_scales"),
                                      v.get("b_scales"), v.get("bias"), dt, v.get("out"),
-                                     backend, _empty(c), threads, c.stream)
+                                     backend, _empty(c), threads, c.stream, acc, ab, bb)
         return out if out is not None else c.result(result)
 

@@ -25,6 +25,8 @@ CONFIGS = {
     "switchback_fp8": dict(variant="switchback", fmt="fp8", backend="automatic"),
     "switchback_fp8_emulated": dict(variant="switchback", fmt="fp8", backend="widened"),
     "tensorwise_fp8": dict(variant="tensorwise", fmt="fp8"),
+    "fp8_tensorwise_delayed": dict(recipe="fp8_tensorwise_delayed"),
+    "hopper_emulated": dict(recipe="hopper_emulated"),
 }
 
 
@@ -86,16 +88,16 @@ def only_blocks(name: str, module: nn.Module) -> bool:
     return name.startswith("blocks.")
 
 
-def train(config: str, steps: int, batch: int, device: str, seed: int = 0,
+def train(config: str | dict, steps: int, batch: int, device: str, seed: int = 0,
           width: int = 384, depth: int = 6, heads: int = 6, autocast: bool | None = None,
           lr: float = 1e-3) -> dict:
     """Trains one configuration (AdamW, warm-up then cosine; under bfloat16 autocast when
     `autocast`, by default on CUDA only: CPUs without bf16 units run it far slower than float32);
     returns the loss of every step, the final loss (mean of the last 20 steps) and the seconds
-    per step."""
+    per step. `config` is a name of CONFIGS or lowbit.nn.convert's keyword arguments."""
     torch.manual_seed(seed)
     model = TinyViT(width=width, depth=depth, heads=heads).to(device)
-    kwargs = CONFIGS[config]
+    kwargs = CONFIGS[config] if isinstance(config, str) else config
     if kwargs is not None:
         import lowbit.nn as lnn
 

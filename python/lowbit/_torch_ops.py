@@ -15,9 +15,20 @@ imported (by lowbit.nn); ``import lowbit`` alone never imports torch.
         scales (N, 1): the row scales of x^T's codes).
     torch.ops.lowbit.dequantize_rows(codes, scales, fmt) -> values
         :func:`lowbit.dequantize` of row-wise codes: float32 value(code) * d, per element.
+    torch.ops.lowbit.quantize_blocks(x, fmt, block_rows, block_k) -> (codes, scales)
+        absmax quantization of x (M, K) in block_rows x block_k blocks: ("blocks", block_k)
+        for one row (scales (M, ceil(K/block_k))), ("tiles", block_rows, block_k) otherwise
+        (scales (ceil(M/block_rows), ceil(K/block_k))).
+    torch.ops.lowbit.quantize_mx(x, fmt, block) -> (codes, scales)
+        :func:`lowbit.quantize_mx`: OCP MX blocks along rows, uint8 E8M0 scales.
+    torch.ops.lowbit.quantize_scaled(x, q, fmt) -> codes
+        :func:`lowbit.cast_scaled`: codes = encode(x * q) with a given multiplier q (one
+        float32 element; delayed scaling's q from the amax history).
     torch.ops.lowbit.scaled_mm(a, a_scales, a_fmt, b, b_scales, b_fmt, bias, out_dtype,
-                               backend) -> out
-        :func:`lowbit.scaled_matmul`: out = (sa * A)(sb * B)^T + bias, (M, N) of out_dtype.
+                               backend, accumulation="", a_block=None, b_block=None) -> out
+        :func:`lowbit.scaled_matmul`: out = (sa * A)(sb * B)^T + bias, (M, N) of out_dtype;
+        accumulation is an :class:`lowbit.Accumulation` spec string ("" for none), a_block /
+        b_block are [block_rows, block_k] for block scales (None for tensor/row scales).
 """
 
 from __future__ import annotations
@@ -148,6 +159,64 @@ def _(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty((n, m), dtype=_code_dtype(fmt)), x.new_empty((n, 1), dtype=torch.float32)
 
 
+def _quantize_blocks(x: torch.Tensor, fmt: str, block_rows: int,
+                     block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach()
+    kind = "blocks" if block_rows == 1 else "tiles"
+    with _on_device(x.device):
+        return _core.quantize(x, _fmt(fmt), kind, block_rows, block_k, 0, False, False,
+                              _policy(), _allocator(x.device), 0, _stream(x.device))
+
+
+quantize_blocks = _register(_quantize_blocks)
+
+
+def _ceil(a, b):
+    return (a + b - 1) // b
+
+
+@quantize_blocks.register_fake
+def _(x: torch.Tensor, fmt: str, block_rows: int,
+      block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = _fake_matrix(x)
+    rows = m if block_rows == 1 else _ceil(m, block_rows)
+    return (x.new_empty((m, n), dtype=_code_dtype(fmt)),
+            x.new_empty((rows, _ceil(n, block_k)), dtype=torch.float32))
+
+
+def _quantize_mx(x: torch.Tensor, fmt: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach()
+    with _on_device(x.device):
+        return _core.quantize_mx(x, _fmt(fmt), block, _policy(), _allocator(x.device), 0,
+                                 _stream(x.device))
+
+
+quantize_mx = _register(_quantize_mx)
+
+
+@quantize_mx.register_fake
+def _(x: torch.Tensor, fmt: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = _fake_matrix(x)
+    return (x.new_empty((m, n), dtype=_code_dtype(fmt)),
+            x.new_empty((m, _ceil(n, block)), dtype=torch.uint8))
+
+
+def _quantize_scaled(x: torch.Tensor, q: torch.Tensor, fmt: str) -> torch.Tensor:
+    x = x.detach()
+    with _on_device(x.device):
+        return _core.cast_scaled(x, q.detach().reshape(1), _fmt(fmt), _policy(), None,
+                                 _allocator(x.device), 0, _stream(x.device))
+
+
+quantize_scaled = _register(_quantize_scaled)
+
+
+@quantize_scaled.register_fake
+def _(x: torch.Tensor, q: torch.Tensor, fmt: str) -> torch.Tensor:
+    m, n = _fake_matrix(x)
+    return x.new_empty((m, n), dtype=_code_dtype(fmt))
+
+
 def _dequantize_rows(codes: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
     return lowbit.dequantize(codes, scales, fmt, "rows")
 
@@ -163,9 +232,25 @@ def _(codes: torch.Tensor, scales: torch.Tensor, fmt: str) -> torch.Tensor:
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+_ACCUMULATIONS: dict[str, Optional[list[int]]] = {"": None}
+
+
+def _accumulation(spec: str) -> Optional[list[int]]:
+    f = _ACCUMULATIONS.get(spec)
+    if f is None and spec not in _ACCUMULATIONS:
+        f = _ACCUMULATIONS[spec] = lowbit.Accumulation.parse(spec).fields()
+    return f
+
+
+def _block(b: Optional[list[int]]) -> tuple[int, int]:
+    return (0, 0) if b is None else (int(b[0]), int(b[1]))
+
+
 def _scaled_mm(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Tensor,
                b_scales: torch.Tensor, b_fmt: str, bias: Optional[torch.Tensor],
-               out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+               out_dtype: torch.dtype, backend: str, accumulation: str = "",
+               a_block: Optional[list[int]] = None,
+               b_block: Optional[list[int]] = None) -> torch.Tensor:
     if out_dtype not in _DTYPE_NAMES:
         raise TypeError(f"out_dtype: expected float32, bfloat16 or float16, got {out_dtype}")
     with _on_device(a.device):
@@ -173,7 +258,8 @@ def _scaled_mm(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Ten
                                    a_scales.detach(), b_scales.detach(),
                                    None if bias is None else bias.detach(),
                                    _DTYPE_NAMES[out_dtype], None, backend, _allocator(a.device),
-                                   0, _stream(a.device))
+                                   0, _stream(a.device), _accumulation(accumulation),
+                                   _block(a_block), _block(b_block))
 
 
 scaled_mm = _register(_scaled_mm)
@@ -182,7 +268,9 @@ scaled_mm = _register(_scaled_mm)
 @scaled_mm.register_fake
 def _(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Tensor,
       b_scales: torch.Tensor, b_fmt: str, bias: Optional[torch.Tensor],
-      out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+      out_dtype: torch.dtype, backend: str, accumulation: str = "",
+      a_block: Optional[list[int]] = None,
+      b_block: Optional[list[int]] = None) -> torch.Tensor:
     torch._check(b.dim() == 2, lambda: "b: expected a 2-d (N, K) operand")
     torch._check(a.shape[-1] == b.shape[1], lambda: "a and b: K differs")
     return a.new_empty((*a.shape[:-1], b.shape[0]), dtype=out_dtype)
@@ -193,7 +281,8 @@ def _(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Tensor,
 # these unless torch.compile is tracing (eager_or_op); the results are the same tensors.
 EAGER = {"quantize_rows": _quantize_rows, "quantize_tensor": _quantize_tensor,
          "quantize_columns_t": _quantize_columns_t, "dequantize_rows": _dequantize_rows,
-         "scaled_mm": _scaled_mm}
+         "scaled_mm": _scaled_mm, "quantize_blocks": _quantize_blocks,
+         "quantize_mx": _quantize_mx, "quantize_scaled": _quantize_scaled}
 
 
 def eager_or_op(name: str):

@@ -26,8 +26,10 @@ namespace {
 // The kernels name an operand's parts after the C++ struct (a.codes, a.scales, a.fmt), in the
 // middle of their messages too; Python has one argument for each.
 const std::pair<const char*, const char*> gemm_names[] = {
-    {"a.codes", "a"},   {"b.codes", "b"},   {"a.scales", "a_scales"},  {"b.scales", "b_scales"},
-    {"a.fmt", "a_fmt"}, {"b.fmt", "b_fmt"}, {"opt.backend", "backend"}};
+    {"a.codes", "a"},           {"b.codes", "b"},
+    {"a.scales", "a_scales"},   {"b.scales", "b_scales"},
+    {"a.fmt", "a_fmt"},         {"b.fmt", "b_fmt"},
+    {"opt.backend", "backend"}, {"opt.accumulation", "accumulation"}};
 
 // Built by appending pieces: GCC 12 warns falsely (-Wstringop-overflow) on std::string::replace.
 [[noreturn]] void rethrow_gemm(const error& e) {
@@ -55,7 +57,9 @@ const std::pair<const char*, const char*> gemm_names[] = {
 const dtype_rule operand_rule{{dtype::int8, dtype::uint8, dtype::bfloat16, dtype::float16},
                               "is not supported; expected int8 (int8, int8_sym), uint8 "
                               "(e4m3fn or e5m2 codes), bfloat16 or float16"};
-const dtype_rule scales_rule{{dtype::float32}, ""};
+const dtype_rule scales_rule{{dtype::float32, dtype::uint8},
+                             "is not supported; expected float32 (uint8 E8M0 codes for MX block "
+                             "scales)"};
 const dtype_rule result_rule{{dtype::float32, dtype::bfloat16, dtype::float16}, ""};
 
 bool integer_name(const std::string& name) {
@@ -117,16 +121,46 @@ kernels::tensor_view no_scales(const array_arg& codes) {
   return v;
 }
 
+// lowbit.Accumulation's fields as lowbit/_gemm.py passes them: (kind, block, fraction_bits,
+// align_with_register, terms, register, promote_every), kind 0 fp32_sequential, 1 exact, 2
+// block_fixed_point; terms and register 0 toward_zero / nearest_even in emu's enum order. The
+// ranges are the kernels' to check (emu::is_valid), with the message naming opt.accumulation.
+emu::accumulation accumulation_of(const std::vector<std::int64_t>& f) {
+  if (f.size() != 7)
+    fail(errc::invalid_argument, "accumulation: expected 7 fields");
+  const auto small = [](std::int64_t v) {
+    return static_cast<int>(v < -1000000 ? -1000000 : (v > 1000000 ? 1000000 : v));
+  };
+  emu::accumulation m;
+  m.kind = static_cast<emu::accumulation_kind>(f[0] < 0 || f[0] > 2 ? 255 : f[0]);
+  m.block = small(f[1]);
+  m.fraction_bits = small(f[2]);
+  m.align_with_register = f[3] != 0;
+  m.terms = static_cast<emu::term_rounding>(f[4] < 0 || f[4] > 1 ? 255 : f[4]);
+  m.reg = static_cast<emu::register_rounding>(f[5] < 0 || f[5] > 1 ? 255 : f[5]);
+  m.promote_every = small(f[6]);
+  return m;
+}
+
 py::object scaled_matmul(py::handle a, py::handle b, py::handle a_fmt, py::handle b_fmt,
                          py::handle a_scales, py::handle b_scales, py::handle bias,
                          const std::optional<std::string>& out_dtype, py::handle out,
                          const std::string& backend, const py::function& empty,
-                         std::int64_t threads, std::uintptr_t stream) {
+                         std::int64_t threads, std::uintptr_t stream,
+                         const std::optional<std::vector<std::int64_t>>& accumulation,
+                         const std::pair<std::int64_t, std::int64_t>& a_block,
+                         const std::pair<std::int64_t, std::int64_t>& b_block) {
   kernels::gemm_operand ga, gb;
   ga.fmt = operand_format(a_fmt, "a_fmt");
   gb.fmt = operand_format(b_fmt, "b_fmt");
+  ga.block_rows = a_block.first;
+  ga.block_k = a_block.second;
+  gb.block_rows = b_block.first;
+  gb.block_k = b_block.second;
   kernels::gemm_options opt;
   opt.backend = parse_backend(backend);
+  if (accumulation)
+    opt.accumulation = accumulation_of(*accumulation);
   const kernels::exec ex = exec_of(threads, stream);
   const array_arg aa = take(a, "a", stream, operand_rule);
   const array_arg ba = take(b, "b", stream, operand_rule);
@@ -182,7 +216,9 @@ void bind_gemm(py::module_& m) {
   m.def("scaled_matmul", &scaled_matmul, py::arg("a"), py::arg("b"), py::arg("a_fmt"),
         py::arg("b_fmt"), py::arg("a_scales"), py::arg("b_scales"), py::arg("bias"),
         py::arg("out_dtype"), py::arg("out"), py::arg("backend"), py::arg("empty"),
-        py::arg("threads"), py::arg("stream"));
+        py::arg("threads"), py::arg("stream"), py::arg("accumulation") = py::none(),
+        py::arg("a_block") = std::pair<std::int64_t, std::int64_t>{0, 0},
+        py::arg("b_block") = std::pair<std::int64_t, std::int64_t>{0, 0});
 }
 
 } // namespace lowbit::python

@@ -242,6 +242,74 @@ gemm_result exact_scaled_matmul(const code_matrix& a, const code_matrix& b,
                                 scale_values(b), bv, out);
 }
 
+gemm_result exact_block_scaled_matmul(const code_matrix& a, std::int64_t a_block_rows,
+                                      const code_matrix& b, std::int64_t b_block_rows,
+                                      std::int64_t kblock, const std::vector<float>& bias,
+                                      gemm_out out) {
+  const std::string p = fn_name("exact_block_scaled_matmul");
+  require(kblock >= 1, errc::invalid_argument, p + "kblock: at least 1");
+  require(a.cols == b.cols, errc::invalid_argument, p + "a and b: K differs");
+  require(bias.empty() || static_cast<std::int64_t>(bias.size()) == b.rows, errc::invalid_argument,
+          p + "bias: 0 or N elements expected");
+  const std::int64_t k = a.cols, nb = (k + kblock - 1) / kblock;
+  const auto check = [&](const code_matrix& x, std::int64_t br, const char* arg) {
+    require(x.rows >= 0 && x.cols >= 0 &&
+                static_cast<std::int64_t>(x.codes.size()) == x.rows * x.cols,
+            errc::invalid_argument, p + arg + ": codes do not match the shape");
+    require(br >= 0, errc::invalid_argument, p + arg + ": negative block_rows");
+    const auto ns = static_cast<std::int64_t>(x.scales.size());
+    if (br == 0)
+      require(ns == 0 || ns == 1 || ns == x.rows, errc::invalid_argument,
+              p + arg + ": 0, 1 or rows scales expected");
+    else
+      require(ns == ((x.rows + br - 1) / br) * nb, errc::invalid_argument,
+              p + arg + ": ceil(rows / block_rows) x ceil(K / kblock) scales expected");
+  };
+  check(a, a_block_rows, "a");
+  check(b, b_block_rows, "b");
+  const std::vector<extended> sa = scale_values(a), sb = scale_values(b);
+  const auto scale = [&](const std::vector<extended>& s, std::int64_t br, std::int64_t row,
+                         std::int64_t j) -> const extended& {
+    if (br == 0)
+      return scale_at(s, row);
+    return s[static_cast<std::size_t>((row / br) * nb + j)];
+  };
+  gemm_result r;
+  r.m = a.rows;
+  r.n = b.rows;
+  r.entries.resize(static_cast<std::size_t>(r.m * r.n));
+  for (std::int64_t i = 0; i < r.m; ++i)
+    for (std::int64_t j = 0; j < r.n; ++j) {
+      gemm_entry& e = r.entries[static_cast<std::size_t>(i * r.n + j)];
+      e.sum = extended::of(rational(0));
+      e.abs_sum = 0;
+      extended y = extended::of(rational(0));
+      for (std::int64_t blk = 0; blk < nb; ++blk) {
+        extended s = extended::of(rational(0));
+        rational abs_s = 0;
+        for (std::int64_t l = blk * kblock; l < k && l < (blk + 1) * kblock; ++l) {
+          const extended prod =
+              mul(element_value(a.elem, a.codes[static_cast<std::size_t>(i * k + l)]),
+                  element_value(b.elem, b.codes[static_cast<std::size_t>(j * k + l)]));
+          if (prod.is_finite())
+            abs_s += abs(prod.value);
+          s = add(s, prod);
+        }
+        e.sum = add(e.sum, s);
+        const extended& x = scale(sa, a_block_rows, i, blk);
+        const extended& z = scale(sb, b_block_rows, j, blk);
+        y = add(y, mul(mul(s, x), z));
+        if (x.is_finite() && z.is_finite())
+          e.abs_sum += abs_s * abs(x.value) * abs(z.value);
+      }
+      if (!bias.empty())
+        y = add(y, extended::of(static_cast<double>(bias[static_cast<std::size_t>(j)])));
+      e.exact = y;
+      e.rounded = round_output(out, y);
+    }
+  return r;
+}
+
 // ---- the SwitchBack chain ----------------------------------------------------------------------
 
 namespace {

@@ -26,27 +26,78 @@ from lowbit.nn.recipe import (
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _quantize(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes and scales of a 2-d tensor as it is used: rows or the whole tensor."""
+# The largest finite value of each fp8 format (the delayed scale is fp8_max / amax).
+_FP8_MAX = {"e4m3fn": 448.0, "e5m2": 57344.0}
+# The rows of a layer's amax_history buffer.
+_HISTORY_ROW = {"X": 0, "W": 1, "G": 2}
+
+
+def _quantize(t: torch.Tensor, op: Operand,
+              q: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and scales of a 2-d tensor as the matmul reads it (K its last dimension): rows,
+    the whole tensor (with a delayed multiplier q: encode(t * q), scale 1/q), or blocks along K
+    (1 x k, k x k tiles, MX)."""
     if op.granularity == "rows":
         return ops.eager_or_op("quantize_rows")(t, op.fmt)
+    if op.granularity in ("blocks", "tiles"):
+        r, k = op.block_shape
+        return ops.eager_or_op("quantize_blocks")(t, op.fmt, r, k)
+    if op.granularity == "mx":
+        return ops.eager_or_op("quantize_mx")(t, op.fmt, op.block)
+    if op.scaling == "delayed" and q is not None:
+        return ops.eager_or_op("quantize_scaled")(t, q, op.fmt), torch.reciprocal(q)
     return ops.eager_or_op("quantize_tensor")(t, op.fmt)
 
 
-def _quantize_t(t: torch.Tensor, op: Operand) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_t(t: torch.Tensor, op: Operand,
+                q: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and scales of the transpose of a 2-d tensor: per column of t (the column
-    quantization writes the transposed codes) or the whole tensor (codes transposed after)."""
+    quantization writes the transposed codes), the whole tensor (codes transposed after) or
+    blocks along t's rows (the transpose's K)."""
     if op.granularity == "columns":
         return ops.eager_or_op("quantize_columns_t")(t, op.fmt)
-    codes, scale = ops.eager_or_op("quantize_tensor")(t, op.fmt)
+    if op.block_shape is not None:
+        return _quantize(t.t().contiguous(), op)
+    codes, scale = _quantize(t, op, q)
     return codes.t().contiguous(), scale
 
 
 def _mm(a: tuple[torch.Tensor, torch.Tensor], a_op: Operand, b: tuple[torch.Tensor, torch.Tensor],
         b_op: Operand, bias: Optional[torch.Tensor], dtype: torch.dtype,
-        backend: str) -> torch.Tensor:
+        backend: str, accumulation: str = "") -> torch.Tensor:
+    ab, bb = a_op.block_shape, b_op.block_shape
     return ops.eager_or_op("scaled_mm")(a[0], a[1], a_op.fmt, b[0], b[1], b_op.fmt, bias, dtype,
-                                         backend)
+                                         backend, accumulation, None if ab is None else list(ab),
+                                         None if bb is None else list(bb))
+
+
+def _accumulation(recipe: LinearRecipe, op: Operand) -> str:
+    """The recipe's accumulation spec for a matmul of op's format ("" for none, int8)."""
+    if recipe.accumulation is None or op.fmt == "int8_sym":
+        return ""
+    return str(recipe.accumulation)
+
+
+def _delayed_scale(recipe: LinearRecipe, history: torch.Tensor, tensor: str,
+                   t: torch.Tensor) -> Optional[torch.Tensor]:
+    """Delayed scaling of `tensor` (X, W or G): the multiplier q = fp8_max / amax from the
+    history of earlier steps (1 where it holds no nonzero amax), then t's own amax pushed into
+    the history (row 0 newest; all-reduced first with recipe.reduce_amax). None if `tensor` is
+    not delayed-scaled."""
+    if history is None or not recipe.delayed(tensor):
+        return None
+    fmt = recipe.delayed_format(tensor)
+    row = history[_HISTORY_ROW[tensor]]
+    amax = row.amax() if recipe.amax_reduce == "max" else row[0]
+    q = torch.where(amax > 0, torch.full_like(amax, _FP8_MAX[fmt]) / amax,
+                    torch.ones_like(amax))
+    now = t.detach().abs().amax().to(torch.float32)
+    if recipe.reduce_amax and torch.distributed.is_available() and \
+            torch.distributed.is_initialized():
+        torch.distributed.all_reduce(now, op=torch.distributed.ReduceOp.MAX)
+    with torch.no_grad():
+        row.copy_(torch.cat([now.reshape(1), row[:-1]]))
+    return q
 
 
 class LinearFunction(torch.autograd.Function):
@@ -55,35 +106,48 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                recipe: LinearRecipe) -> torch.Tensor:
+                recipe: LinearRecipe,
+                amax_history: Optional[torch.Tensor] = None) -> torch.Tensor:
         ctx.recipe = recipe
         ctx.has_bias = bias is not None
+        ctx.history = amax_history
         f = recipe.forward
+        # Delayed scaling: X's and W's multipliers from their histories (then this step's amax
+        # pushed), kept for the backward's uses of the same tensors.
+        qx = _delayed_scale(recipe, amax_history, "X", x)
+        qw = _delayed_scale(recipe, amax_history, "W", weight)
+        qs = tuple(q for q in (qx, qw) if q is not None)
+        ctx.q_of = (qx is not None, qw is not None)
         if not f.quantized:
-            ctx.save_for_backward(x, weight)
+            ctx.save_for_backward(x, weight, *qs)
             return torch.nn.functional.linear(x, weight, bias)
-        xq = _quantize(x, f.a)
-        wq = _quantize(weight, f.b)
-        y = _mm(xq, f.a, wq, f.b, bias, x.dtype, recipe.backend)
+        xq = _quantize(x, f.a, qx)
+        wq = _quantize(weight, f.b, qw)
+        y = _mm(xq, f.a, wq, f.b, bias, x.dtype, recipe.backend, _accumulation(recipe, f.a))
         # The backward reuses the forward's codes of W where its input gradient takes the same
         # tensor-wise codes (transposed there); X is kept as it is, or as its codes (SwitchBackM).
         gi = recipe.grad_input
         reuse_w = (gi.quantized and f.b.granularity == "tensor" and gi.b.granularity == "tensor"
-                   and gi.b.fmt == f.b.fmt)
+                   and gi.b.fmt == f.b.fmt and gi.b.scaling == f.b.scaling)
         ctx.reuse_w = reuse_w
         saved_x = xq if recipe.save_quantized_input else (x,)
         saved_w = wq if reuse_w else (weight,)
         ctx.n_x = len(saved_x)
-        ctx.save_for_backward(*saved_x, *saved_w)
+        ctx.save_for_backward(*saved_x, *saved_w, *qs)
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         recipe: LinearRecipe = ctx.recipe
+        n_q = sum(ctx.q_of)
         saved = ctx.saved_tensors
+        saved, q_saved = saved[:len(saved) - n_q], list(saved[len(saved) - n_q:])
+        qx = q_saved.pop(0) if ctx.q_of[0] else None
+        qw = q_saved.pop(0) if ctx.q_of[1] else None
         g = grad.contiguous()
         dtype = g.dtype
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        qg = _delayed_scale(recipe, ctx.history, "G", g)
         if not recipe.forward.quantized:
             x, weight = saved
             w_codes = None
@@ -107,18 +171,19 @@ class LinearFunction(torch.autograd.Function):
                 if w_codes is not None:
                     wt = (w_codes[0].t().contiguous(), w_codes[1])
                 else:
-                    wt = _quantize_t(weight, gi.b)
-                dx = _mm(_quantize(g, gi.a), gi.a, wt, gi.b, None, dtype, recipe.backend)
+                    wt = _quantize_t(weight, gi.b, qw)
+                dx = _mm(_quantize(g, gi.a, qg), gi.a, wt, gi.b, None, dtype, recipe.backend,
+                         _accumulation(recipe, gi.a))
         if need_w:
             gw = recipe.grad_weight
             if not gw.quantized:
                 dw = g.t().matmul(x)
             else:
-                dw = _mm(_quantize_t(g, gw.a), gw.a, _quantize_t(x, gw.b), gw.b, None, dtype,
-                         recipe.backend)
+                dw = _mm(_quantize_t(g, gw.a, qg), gw.a, _quantize_t(x, gw.b, qx), gw.b, None,
+                         dtype, recipe.backend, _accumulation(recipe, gw.a))
         if need_b and ctx.has_bias:
             db = g.sum(0)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 RecipeLike = Union[LinearRecipe, str]
@@ -158,6 +223,21 @@ class LowPrecisionLinear(nn.Linear):
                  recipe: RecipeLike = IDENTITY) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = _recipe(recipe, {})
+        self._add_history(device)
+
+    def _add_history(self, device: Any) -> None:
+        """Delayed scaling's state: buffer amax_history, float32 (3, amax_history), the rows
+        X, W and G, column 0 the newest amax (zeros: no step yet), updated by each forward
+        (X, W) and backward (G) in training mode and read but left as it is in eval mode. In
+        the state_dict, so a checkpoint resumes the scales; only recipes with delayed scaling
+        have it."""
+        r = self.recipe
+        if any(r.delayed(t) for t in _HISTORY_ROW):
+            self.register_buffer("amax_history",
+                                 torch.zeros(3, r.amax_history, dtype=torch.float32,
+                                             device=device))
+        else:
+            self.amax_history = None
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"
@@ -183,7 +263,14 @@ class LowPrecisionLinear(nn.Linear):
                             f"{self.recipe.name}; expected float32, bfloat16 or float16")
         lead = input.shape[:-1]
         x = input.reshape(-1, self.in_features).contiguous()
-        y = LinearFunction.apply(x, weight, bias, self.recipe)
+        history = self.amax_history
+        if history is None and any(self.recipe.delayed(t) for t in _HISTORY_ROW):
+            raise RuntimeError(f"recipe {self.recipe.name} scales with delayed scaling but the "
+                               "layer has no amax_history buffer (build the layer with the "
+                               "recipe, or use from_linear / convert)")
+        if history is not None and not self.training:
+            history = history.clone()  # eval: the scales read the history, which stays as it is
+        y = LinearFunction.apply(x, weight, bias, self.recipe, history)
         return y.reshape(*lead, self.out_features)
 
     @classmethod
@@ -194,6 +281,8 @@ class LowPrecisionLinear(nn.Linear):
                   device="meta", recipe=recipe)
         new.weight = linear.weight
         new.bias = linear.bias
+        if new.amax_history is not None:
+            new.amax_history = torch.zeros_like(new.amax_history, device=linear.weight.device)
         new.train(linear.training)
         return new
 
@@ -222,6 +311,36 @@ class SwitchBackLinear(LowPrecisionLinear):
                  fmt: str = "int8", backend: str = "automatic") -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype,
                          recipe=switchback_recipe(variant, fmt, backend))
+
+
+class Float8Linear(LowPrecisionLinear):
+    """fp8 training's linear layer: :class:`LowPrecisionLinear` with an fp8 recipe (the same
+    Function, parameters and state_dict keys, plus the amax_history buffer of delayed scaling).
+    The default recipe is "fp8_tensorwise_delayed" (E4M3 X and W, E5M2 G, tensor-wise scales
+    from a 16-step amax history); :func:`lowbit.nn.fp8_recipe` and :func:`named_recipes` give
+    the others: row-wise, 1 x 128 / 128 x 128 blocks, MXFP8, and "hopper_emulated" (Hopper's
+    accumulation model, run on the CPU twin or simt on any CUDA GPU). On CUDA the matmuls run
+    on the recipe's backend ("automatic": native fp8 tensor cores on sm_89+ through cuBLASLt or
+    CUTLASS, fp8 widened to 16-bit tensor cores before that, simt for block scales or an
+    accumulation model).
+
+    >>> layer = lowbit.nn.Float8Linear(32, 16, recipe="fp8_rowwise")
+    >>> layer(torch.randn(4, 32)).shape
+    torch.Size([4, 16])
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device: Any = None, dtype: Any = None, *,
+                 recipe: RecipeLike = "fp8_tensorwise_delayed") -> None:
+        rec = _recipe(recipe, {})
+        fmts = {op.fmt for mm in (rec.forward, rec.grad_input, rec.grad_weight)
+                if mm.quantized for op in (mm.a, mm.b)}
+        if not fmts or not fmts <= {"e4m3fn", "e5m2"}:
+            raise ValueError(f"recipe {rec.name}: Float8Linear needs an fp8 recipe (quantized "
+                             f"matmuls of e4m3fn / e5m2 operands), got formats "
+                             f"{sorted(fmts) or 'none'}; LowPrecisionLinear takes any recipe")
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype,
+                         recipe=rec)
 
 
 def convert(model: nn.Module, recipe: Optional[RecipeLike] = None, *,

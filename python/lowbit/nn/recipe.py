@@ -13,32 +13,78 @@ in the shapes above), whatever transposes the matmul needs:
     grad_input    G: "rows" (per token) or "tensor";  W: "tensor" or "columns" (per in feature)
     grad_weight   G: "tensor" or "columns" (per out feature); X: "tensor" or "columns"
 
+Block granularities are named on the matmul's operand instead (its K is the contraction axis:
+in for the forward, out for the input gradient, tokens for the weight gradient), in every slot:
+
+    "blocks"   1 x ``block`` blocks along K (DeepSeek-V3's 1 x 128 activations and gradients)
+    "tiles"    ``block`` x ``block`` tiles of the K-major operand (its 128 x 128 weights)
+    "mx"       OCP MX blocks of ``block`` (32) along K with E8M0 scales (MXFP8)
+
+Scaling is "current" (each matmul's operand scaled by its own amax) or "delayed" (tensor-wise
+only: the scale comes from the amax history of earlier steps, held by the module; see
+:class:`LinearRecipe`). The recipe's ``accumulation`` names how the fp8 matmuls sum
+(:class:`lowbit.Accumulation`; the CPU twin and simt run it, the tensor cores refuse one).
+
 This module does not import torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional, Union
+
+from lowbit._gemm import Accumulation
 
 # The formats the layers quantize to: int8 symmetric absmax (127 * x / amax) and the two OCP
 # fp8 formats (scale fp8_max / amax).
 FORMATS = ("int8_sym", "e4m3fn", "e5m2")
 
+# Block granularities (along the matmul's K), allowed in every slot.
+BLOCK_GRANULARITIES = ("blocks", "tiles", "mx")
+SCALINGS = ("current", "delayed")
+
 _SLOTS = {
-    "forward": (("X", ("rows", "tensor")), ("W", ("tensor", "rows"))),
-    "grad_input": (("G", ("rows", "tensor")), ("W", ("tensor", "columns"))),
-    "grad_weight": (("G", ("tensor", "columns")), ("X", ("tensor", "columns"))),
+    "forward": (("X", ("rows", "tensor") + BLOCK_GRANULARITIES),
+                ("W", ("tensor", "rows") + BLOCK_GRANULARITIES)),
+    "grad_input": (("G", ("rows", "tensor") + BLOCK_GRANULARITIES),
+                   ("W", ("tensor", "columns") + BLOCK_GRANULARITIES)),
+    "grad_weight": (("G", ("tensor", "columns") + BLOCK_GRANULARITIES),
+                    ("X", ("tensor", "columns") + BLOCK_GRANULARITIES)),
 }
 
 
 @dataclass(frozen=True)
 class Operand:
-    """One operand of a matmul: its format (one of :data:`FORMATS`) and scale granularity;
-    ``Operand()`` (fmt None) is an operand left in the input's dtype."""
+    """One operand of a matmul: its format (one of :data:`FORMATS`), scale granularity, block
+    length (for the block granularities; 0: 128, or 32 for "mx") and scaling ("current", or
+    "delayed" for a tensor-wise fp8 operand); ``Operand()`` (fmt None) is an operand left in the
+    input's dtype."""
 
     fmt: Optional[str] = None
     granularity: str = "tensor"
+    block: int = 0
+    scaling: str = "current"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 0:
+            raise ValueError(f"block: expected a block length >= 1 (0 for the default), got "
+                             f"{self.block!r}")
+        if self.block == 0 and self.granularity in BLOCK_GRANULARITIES:
+            object.__setattr__(self, "block", 32 if self.granularity == "mx" else 128)
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling {self.scaling!r}: expected one of {', '.join(SCALINGS)}")
+        if self.scaling == "delayed" and self.granularity != "tensor":
+            raise ValueError(f"scaling 'delayed': tensor-wise operands only (got granularity "
+                             f"{self.granularity!r})")
+
+    @property
+    def block_shape(self) -> Optional[tuple[int, int]]:
+        """(block_rows, block_k) of the matmul's block scales, None for the others."""
+        if self.granularity in ("blocks", "mx"):
+            return (1, self.block)
+        if self.granularity == "tiles":
+            return (self.block, self.block)
+        return None
 
 
 @dataclass(frozen=True)
@@ -67,6 +113,17 @@ class LinearRecipe:
         X itself, dequantized for a high-precision weight gradient (SwitchBackM); needs a
         forward whose X is quantized per row and a high-precision grad_weight.
     backend: the scaled matmul's backend for CUDA tensors (:func:`lowbit.scaled_matmul`).
+    accumulation: None (each backend's own sum) or a :class:`lowbit.Accumulation` (or its spec
+        string): how the quantized fp8 matmuls sum; the CPU twin and simt run it (the backend
+        must be "automatic" or "simt" on CUDA). 16-bit and int8 matmuls ignore it.
+    amax_history: the length of the amax history of each delayed-scaled tensor (X, W, G).
+    amax_reduce: how the delayed scale reads the history: "max" (the largest amax of the
+        history) or "most_recent" (the previous step's).
+    reduce_amax: all-reduce (max) each delayed-scaled amax over the default process group of
+        torch.distributed (when it is initialized) before it enters the history, so that every
+        rank keeps the same history; without it each rank records its own (and DDP's
+        broadcast_buffers, on by default, copies rank 0's histories to the others at each
+        forward).
     """
 
     name: str
@@ -75,8 +132,19 @@ class LinearRecipe:
     grad_weight: Matmul = HIGH_PRECISION
     save_quantized_input: bool = False
     backend: str = "automatic"
+    accumulation: Optional[Union[Accumulation, str]] = None
+    amax_history: int = 16
+    amax_reduce: str = "max"
+    reduce_amax: bool = False
 
     def __post_init__(self) -> None:
+        if self.accumulation is not None:
+            object.__setattr__(self, "accumulation", Accumulation.of(self.accumulation))
+        if isinstance(self.amax_history, bool) or not isinstance(self.amax_history, int) or \
+                self.amax_history < 1:
+            raise ValueError(f"amax_history: expected a length >= 1, got {self.amax_history!r}")
+        if self.amax_reduce not in ("max", "most_recent"):
+            raise ValueError(f"amax_reduce {self.amax_reduce!r}: expected 'max' or 'most_recent'")
         for slot, specs in _SLOTS.items():
             mm = getattr(self, slot)
             if not isinstance(mm, Matmul):
@@ -96,6 +164,27 @@ class LinearRecipe:
             if (mm.a.fmt == "int8_sym") != (mm.b.fmt == "int8_sym"):
                 raise ValueError(f"{slot}: int8 operands multiply int8 operands only (got "
                                  f"{mm.a.fmt} and {mm.b.fmt})")
+            for op, (tensor, _) in zip((mm.a, mm.b), specs):
+                if op.scaling == "delayed" and op.fmt == "int8_sym":
+                    raise ValueError(f"{slot}: {tensor}: delayed scaling is for fp8 operands")
+                if op.granularity == "mx" and op.fmt == "int8_sym":
+                    raise ValueError(f"{slot}: {tensor}: MX blocks are for fp8 operands")
+            ka = mm.a.block_shape[1] if mm.a.block_shape else None
+            kb = mm.b.block_shape[1] if mm.b.block_shape else None
+            if ka is not None and kb is not None and ka != kb:
+                raise ValueError(f"{slot}: the operands' K blocks differ ({ka} and {kb})")
+            if (mm.a.granularity == "mx") != (mm.b.granularity == "mx") and (ka and kb):
+                raise ValueError(f"{slot}: MX (E8M0) blocks multiply MX blocks or unblocked "
+                                 "operands only")
+        delayed_fmt: dict[str, str] = {}
+        for slot, specs in _SLOTS.items():
+            mm = getattr(self, slot)
+            for op, (tensor, _) in zip((mm.a, mm.b), specs):
+                if mm.quantized and op.scaling == "delayed":
+                    if delayed_fmt.setdefault(tensor, op.fmt) != op.fmt:
+                        raise ValueError(f"{slot}: {tensor} is delayed-scaled to "
+                                         f"{delayed_fmt[tensor]} elsewhere; one delayed scale "
+                                         f"per tensor (got {op.fmt})")
         if self.save_quantized_input:
             if self.forward.a.granularity != "rows" or not self.forward.quantized or \
                     self.grad_weight.quantized:
@@ -106,6 +195,35 @@ class LinearRecipe:
 
     def with_backend(self, backend: str) -> LinearRecipe:
         return replace(self, backend=backend)
+
+    def with_accumulation(self, accumulation: Any, name: Optional[str] = None) -> LinearRecipe:
+        """The same recipe summing its fp8 matmuls with ``accumulation`` (and the backend that
+        runs a model: "simt" where this recipe's was "automatic" or a tensor-core one)."""
+        backend = self.backend if self.backend == "simt" or accumulation is None else "automatic"
+        return replace(self, accumulation=accumulation, backend=backend,
+                       name=name or self.name)
+
+    @property
+    def quantized(self) -> bool:
+        return self.forward.quantized or self.grad_input.quantized or self.grad_weight.quantized
+
+    def delayed_format(self, tensor: str) -> Optional[str]:
+        """The format that tensor "X", "W" or "G" is delayed-scaled to (None if it is not)."""
+        for slot, specs in _SLOTS.items():
+            mm = getattr(self, slot)
+            for op, (t, _) in zip((mm.a, mm.b), specs):
+                if t == tensor and mm.quantized and op.scaling == "delayed":
+                    return op.fmt
+        return None
+
+    def delayed(self, tensor: str) -> bool:
+        """Whether tensor "X", "W" or "G" is delayed-scaled in any matmul."""
+        for slot, specs in _SLOTS.items():
+            mm = getattr(self, slot)
+            for op, (t, _) in zip((mm.a, mm.b), specs):
+                if t == tensor and mm.quantized and op.scaling == "delayed":
+                    return True
+        return False
 
 
 IDENTITY = LinearRecipe("identity")
@@ -151,11 +269,95 @@ def switchback_recipe(variant: str = "switchback", fmt: str = "int8",
     )
 
 
+# A stand-in for the accumulation of Hopper's fp8 tensor cores until the H200 probes
+# (docs/techniques/fp8-training.md) pin its parameters: blocks of 32 products (one wgmma k-step
+# of e4m3) aligned to the block's largest exponent and truncated to 13 fraction bits (the about
+# 14 bits of accumulation precision that the DeepSeek-V3 report measured on H800 fp8 GEMMs),
+# written into a float32 register, never promoted (cuBLASLt's fast accumulation). NOT fitted:
+# pass the fitted model to fp8_recipe(accumulation=...) or hopper_recipe(...) once it exists.
+HOPPER_PLACEHOLDER = Accumulation.block_fixed_point(32, 13)
+
+FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx")
+
+
+def fp8_recipe(granularity: str = "tensorwise", scaling: str = "current", *,
+               accumulation: Any = None, amax_history: int = 16, amax_reduce: str = "max",
+               reduce_amax: bool = False, backend: str = "automatic",
+               name: Optional[str] = None) -> LinearRecipe:
+    """An fp8 training recipe: all three matmuls in fp8, E4M3 for X and W, E5M2 for G.
+
+    granularity:
+        "tensorwise": one scale per tensor for every operand;
+        "rowwise": per row of each matmul operand along its K (X and G per token in the
+            forward and input gradient, W per out feature / per in feature, G and X per
+            feature in the weight gradient);
+        "blockwise": DeepSeek-V3's 1 x 128 blocks for X and G (along each matmul's K) and
+            128 x 128 tiles for W;
+        "mx": OCP MX blocks of 32 along K with E8M0 scales (MXFP8) for every operand.
+    scaling: "current" (each operand's own amax) or "delayed" (tensorwise only: X, W and G
+        scaled from the module's amax histories of amax_history steps).
+    accumulation: how the fp8 matmuls sum (None: each backend's own; a
+        :class:`lowbit.Accumulation`, e.g. :data:`HOPPER_PLACEHOLDER`, runs on the CPU twin and
+        simt, so backend "automatic" picks simt on CUDA).
+    """
+    if granularity not in FP8_GRANULARITIES:
+        raise ValueError(f"granularity {granularity!r}: expected one of "
+                         f"{', '.join(FP8_GRANULARITIES)}")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling {scaling!r}: expected one of {', '.join(SCALINGS)}")
+    if scaling == "delayed" and granularity != "tensorwise":
+        raise ValueError("scaling 'delayed': the tensorwise granularity only")
+    xw, g = "e4m3fn", "e5m2"
+
+    def op(fmt: str, grain: str) -> Operand:
+        return Operand(fmt, grain, scaling=scaling if grain == "tensor" else "current")
+
+    if granularity == "tensorwise":
+        t = "tensor"
+        fwd, gi, gw = (op(xw, t), op(xw, t)), (op(g, t), op(xw, t)), (op(g, t), op(xw, t))
+    elif granularity == "rowwise":
+        fwd = (op(xw, "rows"), op(xw, "rows"))
+        gi = (op(g, "rows"), op(xw, "columns"))
+        gw = (op(g, "columns"), op(xw, "columns"))
+    elif granularity == "blockwise":
+        fwd = (op(xw, "blocks"), op(xw, "tiles"))
+        gi = (op(g, "blocks"), op(xw, "tiles"))
+        gw = (op(g, "blocks"), op(xw, "blocks"))
+    else:
+        fwd, gi, gw = (op(xw, "mx"), op(xw, "mx")), (op(g, "mx"), op(xw, "mx")), \
+            (op(g, "mx"), op(xw, "mx"))
+    default = {"tensorwise": "fp8_tensorwise", "rowwise": "fp8_rowwise",
+               "blockwise": "fp8_blockwise_1x128", "mx": "mxfp8"}[granularity]
+    if scaling == "delayed":
+        default += "_delayed"
+    return LinearRecipe(name or default, forward=Matmul(*fwd), grad_input=Matmul(*gi),
+                        grad_weight=Matmul(*gw), backend=backend, accumulation=accumulation,
+                        amax_history=amax_history, amax_reduce=amax_reduce,
+                        reduce_amax=reduce_amax)
+
+
+def hopper_recipe(accumulation: Any = HOPPER_PLACEHOLDER, granularity: str = "tensorwise",
+                  scaling: str = "delayed", **kwargs: Any) -> LinearRecipe:
+    """The recipe that native fp8 training on Hopper runs (tensor-wise delayed scaling by
+    default), with its matmuls emulated under ``accumulation``, the model of Hopper's fp8
+    tensor cores: bit for bit what the H200 computes once the model is the fitted one (the
+    default is :data:`HOPPER_PLACEHOLDER`, not yet fitted). Runs on the CPU twin and simt."""
+    kwargs.setdefault("name", "hopper_emulated")
+    return fp8_recipe(granularity, scaling, accumulation=accumulation, **kwargs)
+
+
 def named_recipes() -> dict[str, LinearRecipe]:
-    """Every named recipe: "identity" and ``<variant>_<fmt>`` for each variant and format."""
+    """Every named recipe: "identity", ``<variant>_<fmt>`` for each SwitchBack variant and
+    format, and the fp8 training recipes: "fp8_tensorwise", "fp8_tensorwise_delayed",
+    "fp8_rowwise", "fp8_blockwise_1x128", "mxfp8" and "hopper_emulated" (the tensor-wise
+    delayed recipe under :data:`HOPPER_PLACEHOLDER`'s accumulation)."""
     out = {"identity": IDENTITY}
     for v in VARIANTS:
         for f in ("int8", "fp8"):
             r = switchback_recipe(v, f)
             out[r.name] = r
+    for r in (fp8_recipe("tensorwise"), fp8_recipe("tensorwise", "delayed"),
+              fp8_recipe("rowwise"), fp8_recipe("blockwise"), fp8_recipe("mx"),
+              hopper_recipe()):
+        out[r.name] = r
     return out

@@ -23,10 +23,20 @@ using target = emu::target; // as in quantize.hpp: this header must compile on i
 //           values (fmt bfloat16/float16, dtype bfloat16/float16).
 //   scales: float32 on the codes' device; no elements (data may be null): every scale is 1;
 //           one element: one scale for the tensor; `rows` elements: one scale per row.
+//   block_rows, block_k: block scales (both 0: none, the readings above). Blocks of block_rows
+//           rows by block_k elements along K share one scale; scales is then the contiguous
+//           row-major [ceil(rows / block_rows), ceil(K / block_k)] matrix (any shape with that
+//           many elements), exactly kernels/quantize's layouts: per-row blocks along K
+//           (grouping::blocks(128): block_rows 1, block_k 128), tiles (grouping::tiles(128,
+//           128): block_rows 128, block_k 128), OCP MX blocks (quantize_mx, block 32:
+//           block_rows 1, block_k 32). Scales are float32 dequantization factors, or, for fp8
+//           operands, uint8 E8M0 codes (quantize_mx's scales: code e is 2^(e - 127), 0xFF NaN).
 struct gemm_operand {
   tensor_view codes;
   target fmt = emu::target(emu::e4m3fn);
   tensor_view scales;
+  std::int64_t block_rows = 0;
+  std::int64_t block_k = 0;
 };
 
 // Where a CUDA matmul runs. CPU views always run the CPU twin, whatever is asked here.
@@ -60,6 +70,21 @@ struct gemm_options {
 // of opt.accumulation's model over k = 0, 1, ..., K-1.
 //   out:  float32, bfloat16 or float16 (M x N), N contiguous, rows may be strided.
 //   bias: float32, bfloat16 or float16 [N], or no elements for none.
+//
+// Block scales along K (either operand with block_k > 0; where both have one, the same block_k
+// = kb): the K axis is cut into blocks j = 0, 1, ... of kb elements (the last may be shorter).
+// Each block's partial sum acc_j is computed alone (the exact int32 sum for int8; for fp8 and
+// 16-bit operands the float32 sum of the block's products in k order, or opt.accumulation's
+// model started afresh on each block), scaled by its own two scales, and the terms are summed in
+// float32 in block order, the first term as the start:
+//   t_j = (float(acc_j) * sa[m, j]) * sb[n, j],  T = t_0,  T = T + t_j (j = 1, 2, ...),
+//   out[m, n] = round(T + bias[n]),
+// each step one float32 operation rounded to nearest-even. sa[m, j] is the operand's block scale
+// of row m and K block j, or its tensor or row scale for an operand without K blocks. With a
+// single block this is the rule above. The DeepSeek-V3 style recipes (activations in 1 x 128
+// blocks, weights in 128 x 128 blocks, fp32 promotion of every 128-element partial sum) and MX
+// matmuls are this rule. Block scales run on the CPU twin and simt (bit-identical); the
+// tensor-core backends refuse them (errc::unsupported); `automatic` picks simt for them.
 // A, B, their scales, bias and out live on one device. Empty problems (M, N or K of 0) write
 // round(bias) (or zeros) into out and launch no GEMM.
 void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_view& bias,

@@ -95,6 +95,20 @@ struct gemm_result {
 gemm_result exact_scaled_matmul(const code_matrix& a, const code_matrix& b,
                                 const std::vector<float>& bias, gemm_out out);
 
+// The blocked rule's specification (kernels/gemm.hpp, block scales along K): K cut into blocks
+// j of `kblock` elements (the last may be shorter), S_j the exact sum over block j, and
+//   y*[m, n] = sum_j (S_j sa[m, j]) sb[n, j] + bias[n]
+// over extended values (block terms added in block order, which matters only for the special
+// values). An operand with block_rows >= 1 holds [ceil(rows / block_rows), ceil(K / kblock)]
+// scales, row-major (E8M0 scales as their float values: 2^(e - 127), NaN for 0xFF); with
+// block_rows 0 its scales are read as exact_scaled_matmul reads them (none, tensor, rows).
+// entry.abs_sum is sum_j |sa[m, j] sb[n, j]| sum_{k in j} |a b| (the size of the blocked sum's
+// rounding errors).
+gemm_result exact_block_scaled_matmul(const code_matrix& a, std::int64_t a_block_rows,
+                                      const code_matrix& b, std::int64_t b_block_rows,
+                                      std::int64_t kblock, const std::vector<float>& bias,
+                                      gemm_out out);
+
 // The same over exact operand values and scales (the layer chain's d* are not floats):
 // a_values M x K, b_values N x K row-major; sa has M elements (or one), sb N (or one).
 gemm_result exact_matmul_of_values(std::int64_t m, std::int64_t n, std::int64_t k,
