@@ -4,8 +4,9 @@
 //   exact            the exact sum (rounded once by the reference; emu cannot compute it),
 //   fp32_sequential  acc = acc + p in product order, float32 nearest-even (lowbit's CPU twin),
 //   block_fixed_point blocks of k products aligned to the block's largest exponent, rounded to
-//                    f fraction bits, summed exactly, written into a float32 register, promoted
-//                    into a float32 accumulator every N blocks (tensor-core models).
+//                    f fraction bits, summed exactly, written into a float32 register (or one
+//                    of fewer significand bits), promoted into a float32 accumulator every N
+//                    blocks (tensor-core models).
 // The equations are in docs/techniques/fp8-training.md ("The accumulation models"). Everything
 // here is host and device code, the standard library only, so a CUDA kernel and the CPU twin run
 // the same accumulator.
@@ -48,7 +49,8 @@ struct accumulation {
   friend constexpr bool operator==(const accumulation&, const accumulation&) = default;
 };
 
-// Limits that keep a block's fixed-point sum exact in a double: |S| < (k + 1) 2^(f + 1) <= 2^48.
+// Limits that keep a block's fixed-point sum exact in a double: |S| < (k + 1) 2^(f + 1) <= 2^48
+// (2^(f + 2) and 2^49 with product_exponent::of_operands).
 inline constexpr int accumulation_max_block = 64;
 inline constexpr int accumulation_max_fraction_bits = 40;
 
@@ -287,7 +289,7 @@ private:
     if (any && detail::finite(part_)) {
       const int q = e_max - m_.fraction_bits; // the grid: multiples of 2^q
       const double down = detail::pow2(-q);
-      double s = 0; // in units of 2^q; exact: |s| < (k + 1) 2^(f + 1) <= 2^48
+      double s = 0; // in units of 2^q; exact: |s| < (k + 1) 2^(f + 2) <= 2^49
       for (int i = 0; i < n; ++i)
         s += detail::round_integer(static_cast<double>(buf_[i]) * down, m_.terms);
       if (with_reg)
