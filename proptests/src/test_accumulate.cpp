@@ -224,6 +224,20 @@ TEST(accumulate, truncation_drops_products_below_the_grid) {
     }
 }
 
+// A narrow register written toward zero just below a power of two lands on the finer grid of
+// the binade below: 1 - 2^-60 in a 4-bit register is 15/16, in float32 1 - 2^-24.
+TEST(accumulate, narrow_register_below_a_power_of_two) {
+  const float p[2] = {1.0f, -std::ldexp(1.0f, -60)};
+  for (const int bits : {4, 14, 24}) {
+    const emu::accumulation m = emu::block_fixed_point(
+        1, 40, false, emu::term_rounding::toward_zero, emu::register_rounding::toward_zero, 0, bits,
+        emu::product_exponent::of_product);
+    const float want = 1.0f - std::ldexp(1.0f, -bits);
+    EXPECT_EQ(emu::accumulate(m, p, 2), want) << "bits " << bits;
+    EXPECT_EQ(ref::accumulate_exactly(m, {p[0], p[1]}), want) << "bits " << bits;
+  }
+}
+
 TEST(accumulate, validity) {
   EXPECT_TRUE(emu::is_valid(emu::fp32_sequential_accumulation));
   EXPECT_TRUE(emu::is_valid(emu::exact_accumulation));

@@ -199,8 +199,13 @@ LOWBIT_HD constexpr float to_register(double s, double t, int bits, register_rou
   const double tail = t * pow2(-g);
   const std::int64_t away = neg ? -1 : 1;
   if (r == register_rounding::toward_zero) {
-    if (rest == 0 && tail != 0 && ((tail < 0) == !neg))
-      i -= away; // s is on the grid and the exact value lies just inside it
+    if (rest == 0 && tail != 0 && ((tail < 0) == !neg)) {
+      // s is on the grid and the exact value lies just inside it: one step down, on the finer
+      // grid of the binade below where s is a power of two.
+      if (g > -149 && (neg ? -i : i) == (std::int64_t{1} << (bits - 1)))
+        return static_cast<float>((neg ? -1.0 : 1.0) * (pow2(bits) - 1) * pow2(g - 1));
+      i -= away;
+    }
   } else {
     const double half = neg ? -rest : rest;
     const bool inward = tail != 0 && ((tail < 0) == !neg);
