@@ -1,12 +1,15 @@
 // Fits emu's block_fixed_point model to the fp8 accumulation probe's output (fp8_accum_probe's
 // JSON lines on stdin): every model of the parameter grid replays every probe through
-// emu::accumulate, and the models that reproduce all results bit for bit are printed, per mode
-// (fast accumulation on and off), with the best partial matches where none is exact. The model
-// is emu's own code, so a fitted model is the one the CPU twin and simt run.
+// emu::accumulator (fed the operands, add(a, b)), and the models that reproduce all results bit
+// for bit are printed, per mode (fast accumulation on and off), with their mismatches per probe
+// family; where none is exact, the model matching the longest prefix of probes, with its
+// mismatches per family. The model is emu's own code, so a fitted model is the one the CPU twin
+// and simt run.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,7 +23,8 @@ namespace emu = lowbit::emu;
 
 struct sample {
   bool fast = false;
-  std::vector<float> products;
+  std::string family;
+  std::vector<float> a, b; // the operands' values
   std::uint32_t bits = 0;
 };
 
@@ -57,6 +61,42 @@ std::uint32_t bits_of(float x) {
   return b;
 }
 
+float replay(const emu::accumulation& m, const sample& s) {
+  emu::accumulator acc(m);
+  for (std::size_t i = 0; i < s.a.size(); ++i)
+    acc.add(s.a[i], s.b[i]);
+  return acc.finish();
+}
+
+const char* name(emu::term_rounding t) {
+  return t == emu::term_rounding::toward_zero ? "toward_zero" : "nearest_even";
+}
+const char* name(emu::register_rounding r) {
+  return r == emu::register_rounding::toward_zero ? "toward_zero" : "nearest_even";
+}
+
+void print_model(const char* what, const emu::accumulation& m) {
+  std::printf("  %s: k=%d f=%d align_with_register=%d terms=%s reg=%s N=%d register_bits=%d "
+              "exponent=%s\n",
+              what, m.block, m.fraction_bits, m.align_with_register ? 1 : 0, name(m.terms),
+              name(m.reg), m.promote_every, m.register_bits,
+              m.exponent == emu::product_exponent::of_operands ? "of_operands" : "of_product");
+}
+
+// The model's mismatches per probe family over all of `mine`.
+void print_mismatches(const emu::accumulation& m, const std::vector<const sample*>& mine) {
+  std::map<std::string, std::pair<int, int>> fam; // family: (mismatches, probes)
+  for (const sample* s : mine) {
+    auto& c = fam[s->family];
+    ++c.second;
+    c.first += bits_of(replay(m, *s)) != s->bits ? 1 : 0;
+  }
+  std::printf("    mismatches per family:");
+  for (const auto& [f, c] : fam)
+    std::printf(" %s %d/%d", f.c_str(), c.first, c.second);
+  std::printf("\n");
+}
+
 } // namespace
 
 int main() {
@@ -66,15 +106,19 @@ int main() {
       continue;
     sample s;
     s.fast = field(line, "fast") == "true";
+    s.family = field(line, "family");
     const auto a = codes(field(line, "a")), b = codes(field(line, "b"));
-    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
-      s.products.push_back(value(a[i]) * value(b[i])); // exact: e4m3 products fit float32
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      s.a.push_back(value(a[i])); // the products are exact: e4m3 products fit float32
+      s.b.push_back(value(b[i]));
+    }
     s.bits = static_cast<std::uint32_t>(std::stoul(field(line, "result_bits")));
     samples.push_back(std::move(s));
   }
   std::printf("%zu probe results read\n", samples.size());
   const int blocks[] = {1, 2, 4, 8, 16, 32, 64};
   const int promotions[] = {0, 1, 2, 4, 8, 16, 32, 64};
+  const int register_bits[] = {12, 13, 14, 15, 16, 24};
   for (const bool fast : {true, false}) {
     std::vector<const sample*> mine;
     for (const sample& s : samples)
@@ -90,33 +134,34 @@ int main() {
           for (const auto t : {emu::term_rounding::toward_zero, emu::term_rounding::nearest_even})
             for (const auto r :
                  {emu::register_rounding::nearest_even, emu::register_rounding::toward_zero})
-              for (const int n : promotions) {
-                const emu::accumulation m = emu::block_fixed_point(k, f, align, t, r, n);
-                std::size_t matched = 0;
-                for (const sample* s : mine) {
-                  const float got = emu::accumulate(m, s->products.data(),
-                                                    static_cast<std::int64_t>(s->products.size()));
-                  if (bits_of(got) != s->bits)
-                    break; // the first mismatch rules the model out
-                  ++matched;
-                }
-                if (matched == mine.size()) {
-                  ++exact_fits;
-                  std::printf(
-                      "  fits: k=%d f=%d align_with_register=%d terms=%s reg=%s N=%d\n", k, f,
-                      align ? 1 : 0,
-                      t == emu::term_rounding::toward_zero ? "toward_zero" : "nearest_even",
-                      r == emu::register_rounding::toward_zero ? "toward_zero" : "nearest_even", n);
-                } else if (matched > best) {
-                  best = matched;
-                  best_model = m;
-                }
-              }
-    if (exact_fits == 0)
-      std::printf("  no model fits every probe; the longest prefix of probes matched (%zu) by k=%d "
-                  "f=%d align=%d N=%d\n",
-                  best, best_model.block, best_model.fraction_bits,
-                  best_model.align_with_register ? 1 : 0, best_model.promote_every);
+              for (const int n : promotions)
+                for (const int rb : register_bits)
+                  for (const auto e :
+                       {emu::product_exponent::of_product, emu::product_exponent::of_operands}) {
+                    const emu::accumulation m = emu::block_fixed_point(k, f, align, t, r, n, rb, e);
+                    std::size_t matched = 0;
+                    for (const sample* s : mine) {
+                      if (bits_of(replay(m, *s)) != s->bits)
+                        break; // the first mismatch rules the model out
+                      ++matched;
+                    }
+                    if (matched == mine.size()) {
+                      ++exact_fits;
+                      print_model("fits", m);
+                    } else if (matched > best) {
+                      best = matched;
+                      best_model = m;
+                    }
+                  }
+    if (exact_fits == 0) {
+      std::printf("  no model fits every probe; the longest prefix of probes matched (%zu):\n",
+                  best);
+      print_model("best", best_model);
+      print_mismatches(best_model, mine);
+    }
+    // The models of lowbit's Hopper preset, against this mode's probes.
+    print_model("emu::hopper_fp8_accumulation", emu::hopper_fp8_accumulation(fast));
+    print_mismatches(emu::hopper_fp8_accumulation(fast), mine);
   }
   return 0;
 }

@@ -8,7 +8,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -105,6 +107,19 @@ std::vector<probe> make_probes(int kk) {
     put(p, 2, 16 - g);
     out.push_back(p);
   }
+  // The exponent of a subnormal operand: 2^-9 (e4m3's smallest subnormal) times 2^8 is 2^-1,
+  // then one product 2^(-1-g) from normal operands. If the multiplier takes the subnormal's
+  // exponent as e4m3's minimum (-6), the pair is aligned at 2^2 and the small product survives
+  // for g <= f - 3 only; with floor(log2) (-9) it is aligned at 2^-1 and survives for g <= f.
+  // The `_seven` variant uses the subnormal 7 * 2^-9 times 2^6 (floor(log2): -7, minimum: -6).
+  for (int g = 1; g <= 20; ++g)
+    for (int v = 0; v < 2; ++v) {
+      probe p = fresh(v == 0 ? "subnormal" : "subnormal_seven", g, 1, 2);
+      p.a[0] = v == 0 ? 0x01 : 0x07;
+      p.b[0] = pow2_code(v == 0 ? 8 : 6); // 2^-1 or 1.75 * 2^-1
+      put(p, 1, -1 - g);
+      out.push_back(p);
+    }
   // Random codes (finite) to validate a fit.
   std::uint32_t s = 12345u;
   auto next = [&] {
@@ -141,7 +156,7 @@ std::string hex(const std::vector<std::uint8_t>& v, int len) {
 }
 
 // D (P x P, column-major) = A B^T over the probes' rows, e4m3 x e4m3, float32 out.
-std::vector<float> run(const std::vector<probe>& probes, int kk, bool fast) {
+std::vector<float> run_one(const std::vector<probe>& probes, int kk, bool fast) {
   const int p = static_cast<int>((probes.size() + 15) / 16 * 16);
   std::vector<std::uint8_t> ha(static_cast<std::size_t>(p) * kk, 0), hb(ha.size(), 0);
   for (std::size_t i = 0; i < probes.size(); ++i) {
@@ -194,6 +209,12 @@ std::vector<float> run(const std::vector<probe>& probes, int kk, bool fast) {
     std::fprintf(stderr, "no cuBLASLt algorithm (fast=%d)\n", fast ? 1 : 0);
     std::exit(1);
   }
+  std::int32_t algo_id = -1;
+  std::size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&res.algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id,
+                                       sizeof(algo_id), &written);
+  std::fprintf(stderr, "fast=%d P=%d K=%d: cuBLASLt algorithm %d\n", fast ? 1 : 0, p, kk,
+               static_cast<int>(algo_id));
   const float one = 1.0f, zero = 0.0f;
   blas_check(cublasLtMatmul(h, desc, &one, da, la, db, lb, &zero, dd, lc, dd, ld, &res.algo, ws,
                             res.workspaceSize, nullptr),
@@ -218,18 +239,40 @@ std::vector<float> run(const std::vector<probe>& probes, int kk, bool fast) {
   return diag;
 }
 
+// The probes in GEMMs of at most `batch` of them each (0: one GEMM for all): small batches give
+// small M and N, where cuBLASLt may pick another kernel.
+std::vector<float> run(const std::vector<probe>& probes, int kk, bool fast, std::size_t batch) {
+  if (batch == 0)
+    batch = probes.size();
+  std::vector<float> out;
+  for (std::size_t i = 0; i < probes.size(); i += batch) {
+    const std::vector<probe> part(
+        probes.begin() + static_cast<std::ptrdiff_t>(i),
+        probes.begin() + static_cast<std::ptrdiff_t>(std::min(probes.size(), i + batch)));
+    const std::vector<float> r = run_one(part, kk, fast);
+    out.insert(out.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
 } // namespace
 
-// Usage: fp8_accum_probe [K] (K a multiple of 16, default 256).
+// Usage: fp8_accum_probe [K] [batch] (K a multiple of 16, default 256; batch: probes per GEMM,
+// default 0: all in one GEMM). The cuBLASLt algorithm of each GEMM goes to stderr.
 int main(int argc, char** argv) {
   const int kk = argc > 1 ? std::atoi(argv[1]) : 256;
+  const long batch = argc > 2 ? std::atol(argv[2]) : 0;
   if (kk < 16 || kk % 16 != 0) {
     std::fprintf(stderr, "K: a multiple of 16, at least 16\n");
     return 2;
   }
+  if (batch < 0) {
+    std::fprintf(stderr, "batch: 0 (one GEMM) or the probes per GEMM\n");
+    return 2;
+  }
   const std::vector<probe> probes = make_probes(kk);
   for (const bool fast : {true, false}) {
-    const std::vector<float> r = run(probes, kk, fast);
+    const std::vector<float> r = run(probes, kk, fast, static_cast<std::size_t>(batch));
     for (std::size_t i = 0; i < probes.size(); ++i) {
       std::uint32_t bits;
       std::memcpy(&bits, &r[i], 4);

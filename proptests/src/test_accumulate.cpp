@@ -8,6 +8,8 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -98,7 +100,32 @@ emu::accumulation model() {
   const auto r =
       *rc::gen::element(emu::register_rounding::nearest_even, emu::register_rounding::toward_zero);
   const int n = *rc::gen::oneOf(rc::gen::just(0), rc::gen::inRange(1, 9));
-  return emu::block_fixed_point(k, f, align, t, r, n);
+  // A float32 register half of the time, else a narrower one (Hopper's is 14 bits).
+  const int rb = *rc::gen::oneOf(rc::gen::just(24), rc::gen::inRange(1, 25));
+  const auto e =
+      *rc::gen::element(emu::product_exponent::of_product, emu::product_exponent::of_operands);
+  return emu::block_fixed_point(k, f, align, t, r, n, rb, e);
+}
+
+// Operands whose products are exact in float32: e4m3 codes times e4m3 or e5m2 codes (finite),
+// with runs of the formats' subnormals.
+std::pair<std::vector<float>, std::vector<float>> operands(std::int64_t k) {
+  const bool e5m2 = *rc::gen::arbitrary<bool>();
+  const bool subnormals = *rc::gen::inRange(0, 4) == 0;
+  std::mt19937 rng(*rc::gen::arbitrary<std::uint32_t>());
+  std::vector<float> a(static_cast<std::size_t>(k)), b(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    std::uint8_t ca = 0, cb = 0;
+    do
+      ca = static_cast<std::uint8_t>(rng() & (subnormals && rng() % 2 ? 0x87u : 0xFFu));
+    while ((ca & 0x7F) == 0x7F);
+    do
+      cb = static_cast<std::uint8_t>(rng() & (subnormals && rng() % 2 ? 0x83u : 0xFFu));
+    while (e5m2 ? (cb & 0x7C) == 0x7C : (cb & 0x7F) == 0x7F);
+    a[i] = emu::decode<float>(emu::e4m3fn, ca);
+    b[i] = emu::decode<float>(e5m2 ? emu::e5m2 : emu::e4m3fn, cb);
+  }
+  return {a, b};
 }
 
 std::int64_t length() {
@@ -119,6 +146,19 @@ TEST(accumulate, block_model_equals_its_rational_definition) {
     const float got = emu::accumulate(m, p.data(), static_cast<std::int64_t>(p.size()));
     RC_TAG(m.block, m.fraction_bits);
     expect_same(got, ref::accumulate_exactly(m, p));
+  });
+}
+
+// The operands' form (add(a, b)), both exponent rules and narrow registers included.
+TEST(accumulate, operand_form_equals_its_rational_definition) {
+  check_property("accumulate.operands_vs_rational", 300, [] {
+    const emu::accumulation m = model();
+    const auto [a, b] = operands(length());
+    emu::accumulator acc(m);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      acc.add(a[i], b[i]);
+    RC_TAG(m.block, m.register_bits);
+    expect_same(acc.finish(), ref::accumulate_exactly(m, a, b));
   });
 }
 
@@ -184,6 +224,20 @@ TEST(accumulate, truncation_drops_products_below_the_grid) {
     }
 }
 
+// A narrow register written toward zero just below a power of two lands on the finer grid of
+// the binade below: 1 - 2^-60 in a 4-bit register is 15/16, in float32 1 - 2^-24.
+TEST(accumulate, narrow_register_below_a_power_of_two) {
+  const float p[2] = {1.0f, -std::ldexp(1.0f, -60)};
+  for (const int bits : {4, 14, 24}) {
+    const emu::accumulation m = emu::block_fixed_point(
+        1, 40, false, emu::term_rounding::toward_zero, emu::register_rounding::toward_zero, 0, bits,
+        emu::product_exponent::of_product);
+    const float want = 1.0f - std::ldexp(1.0f, -bits);
+    EXPECT_EQ(emu::accumulate(m, p, 2), want) << "bits " << bits;
+    EXPECT_EQ(ref::accumulate_exactly(m, {p[0], p[1]}), want) << "bits " << bits;
+  }
+}
+
 TEST(accumulate, validity) {
   EXPECT_TRUE(emu::is_valid(emu::fp32_sequential_accumulation));
   EXPECT_TRUE(emu::is_valid(emu::exact_accumulation));
@@ -196,6 +250,14 @@ TEST(accumulate, validity) {
                                                     register_rounding::nearest_even, 0)));
   EXPECT_FALSE(emu::is_valid(emu::block_fixed_point(4, 10, false, term_rounding::toward_zero,
                                                     register_rounding::nearest_even, -1)));
+  EXPECT_FALSE(emu::is_valid(emu::block_fixed_point(4, 10, false, term_rounding::toward_zero,
+                                                    register_rounding::nearest_even, 0, 0,
+                                                    emu::product_exponent::of_product)));
+  EXPECT_FALSE(emu::is_valid(emu::block_fixed_point(4, 10, false, term_rounding::toward_zero,
+                                                    register_rounding::nearest_even, 0, 25,
+                                                    emu::product_exponent::of_product)));
+  EXPECT_TRUE(emu::is_valid(emu::hopper_fp8_accumulation(true)));
+  EXPECT_TRUE(emu::is_valid(emu::hopper_fp8_accumulation(false)));
   EXPECT_TRUE(std::isnan(emu::accumulate(emu::exact_accumulation, nullptr, 0)));
   EXPECT_THROW(ref::accumulate_exactly(emu::exact_accumulation, {}), lowbit::error);
 }
@@ -292,6 +354,195 @@ TEST(accumulate, gemm_refuses_models_it_cannot_run) {
                                            emu::register_rounding::nearest_even, 0)),
             std::nullopt);
   EXPECT_EQ(out[0], 6.0f);
+}
+
+// A sample of the probes measured on an H200 (bench/probes/fp8_accum_probe.cu: cuBLASLt e4m3 x
+// e4m3, K = 256, float32 out, CUDA 13.0; 36 of 9454 results, both modes): the random rows that
+// separate the preset from its neighbours, and structured probes at the edges of f, k and N.
+struct probe_result {
+  bool fast;
+  const char* family;
+  std::uint32_t bits;
+  const char* a; // e4m3 codes, hex
+  const char* b;
+};
+
+const probe_result h200_probes[] = {
+    {true, "random", 0xC4329C00u, "dc718c3ebe077771", "160b224b4ad9c40b"},
+    {true, "random", 0x46E54400u, "cd5c88f8eb50ec77bec1", "0833359b7a063b771c32"},
+    {true, "random", 0xC48DA000u, "70678403d4bb72c5b4942e", "318eb1abb3c43c7e8fbb30"},
+    {true, "random", 0xC685D000u, "c4c65c9cb5054396ba210fbc75", "1eaa8afd464b37188026857bea"},
+    {true, "random", 0x46742800u, "2c9c3ad716e5f007d4e75149ca", "ab0b9ffd91f31e4512c14259c0"},
+    {true, "random", 0xC62AC800u, "f62aa2f325d654c542f643dceb2c0f",
+     "ab5a60498401d9e5659a6b026f4336"},
+    {true, "random", 0xC4B0C400u, "974c72a6e43030cfdaa6a7199accf7",
+     "115bcf47ae26228ce04eda7e467398"},
+    {true, "random", 0xC5F94C00u, "43374af41692edf4533d0ad4185ac0b5",
+     "f073dd665b3cde891a220419cfc5efb7"},
+    {true, "random", 0x41D01000u, "443f4bda30852693a199566937197afc93",
+     "44addd8b32b0e75fe11c43ac71110f9102"},
+    {true, "random", 0xC6A8B400u, "d479c099c80722194163dab7e02b2f3375c574",
+     "172244b46dcd37b084e17a257c87124301c8ca"},
+    {true, "pair", 0x47800400u, "7850", "7838"},
+    {true, "pair", 0x47800000u, "7848", "7838"},
+    {true, "pair_negative", 0x477FF800u, "78d0", "7838"},
+    {true, "pair_negative", 0x47800000u, "78c8", "7838"},
+    {true, "cancel", 0x00000000u, "78f848", "787838"},
+    {true, "single", 0x47800000u,
+     "7800000000000000000000000000000000000000000000000000000000000048",
+     "7800000000000000000000000000000000000000000000000000000000000038"},
+    {true, "single", 0x47800000u,
+     "7800000000000000000000000000000000000000000000000000000000000000"
+     "48",
+     "7800000000000000000000000000000000000000000000000000000000000000"
+     "38"},
+    {true, "many", 0x47800000u,
+     "7848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "48",
+     "7838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "38"},
+    {false, "random", 0xC4329C00u, "dc718c3ebe077771", "160b224b4ad9c40b"},
+    {false, "random", 0x46E54400u, "cd5c88f8eb50ec77bec1", "0833359b7a063b771c32"},
+    {false, "random", 0xC48DA000u, "70678403d4bb72c5b4942e", "318eb1abb3c43c7e8fbb30"},
+    {false, "random", 0xC685D000u, "c4c65c9cb5054396ba210fbc75", "1eaa8afd464b37188026857bea"},
+    {false, "random", 0x46742800u, "2c9c3ad716e5f007d4e75149ca", "ab0b9ffd91f31e4512c14259c0"},
+    {false, "random", 0xC62AC800u, "f62aa2f325d654c542f643dceb2c0f",
+     "ab5a60498401d9e5659a6b026f4336"},
+    {false, "random", 0x478650A8u,
+     "3a2a7373e1e4384f6dcab3a87e7e831eb49e4751b0cba1e110a6306e75cd9398"
+     "d40215ce835a430251fc03bbedf4e19af5e17c3d0b627445cd196952dca5fb04"
+     "d9a5cafb62bb76d819869f399ca5e5bf8cbae80a8a6347ba3442a46f2cf69ec9"
+     "101ed569815ce9ed204f7af68b96282464d3931749a55b6fdbab20cdbb8781cf"
+     "87",
+     "d033ece13d0ee67c4b3110701abd8cddcad278e27b91f6a14d182439608824ca"
+     "e26c74c9a416565f8f4992b6e3cc47eec1c1952747469c81967d7b1ccf845418"
+     "107d46957a8671b32dc1f4934a4cf153ef4987143dd6d6f65515fe1955251e9d"
+     "5e2558a29037cb480c7997aff00ddbf75d11b94073a750aa53edc0551b052961"
+     "ec"},
+    {false, "random", 0xC8156FFFu,
+     "b3335c8b7cf356506ec589b6aac715dd4e1b19e57bdfb7ee51350e18f13b3e83"
+     "7913674f0adba89cc5b5238ac8bff739341b44c929e7295ac845c80c2f5340e0"
+     "33b153d9043b285be5fd9e26f819d55a24d5e84c1fd85e2d77408044ccadef30"
+     "bebf4c90ed163506f9534c3182142fb028fa46b8cef37425fdb56c4405b84c34"
+     "051c35",
+     "bc54ef26a44b4f57a21f93b655705ce15cde4a7a5909fd1feb911571b1163311"
+     "4d37f59d5e96fcb783d2e8fd5e8b59118e61ef91b2f44b1e6ce40b595bd1d01e"
+     "5b3a555722e956a5c67d84a7e696805baeed1830dc067e95c340adac82bbc693"
+     "3b97e76c0df4315518f2c4707bb2c1db5852258ba5dd2e4ab5e76d07ca3f8161"
+     "848309"},
+    {false, "random", 0x461D6810u,
+     "662cb66fa52af5c1acd80d549c581e4896c948bdb84aaad323fd6651f885ded9"
+     "65a0016f661889b19d8d1640a99f48bd29eebfc6bf1a1cfd0ac3fd00a9890370"
+     "3e0cceee67ebfe18c6c83390fa420df4a2f92de5608d3104d39ebaef9acc6848"
+     "57b7dbada9a41ee7a194492f397dd580c17ee2fb5bb990be254d1fcc4f0d5fb0"
+     "a2a0fe",
+     "cb75742fa585548ab4923931973cc3c6f02392e75ee746358027aaf7009b6255"
+     "75691b5b7af0f52a314f10e3b8a88ca4311a898ebac527c175c8875e8045c783"
+     "fd5b08510a2a6ae9c9d20d69597211f2d92c96a46b1fbca02d6ba304412f6bf1"
+     "c58d3487dbb3bf2f44911f8b25136b5c44da454140864bdcb9b7ea415a4f9fcd"
+     "29ac2a"},
+    {false, "random", 0xC602B880u,
+     "c8dd3e6b39f16e41cf7192d42bfe4cc4eb393bb1b0c0fe3b1a353702c93685a6"
+     "5d6487c67660df04b5c82c3c66def523a00d0ce21b26f39bf747cc6d5491b578"
+     "5224d0db12213bb8b2a6182e53d4855d15cca46518ac94657c95746434874c48"
+     "33da3db1fe814b3f371e16920a56d7c9ca7c275472747040235cd1adfe569d7a"
+     "e358ae2e",
+     "ea281f5799947ba429894789ba28a5286c8fb3a05fdf9311b339649b88bb455d"
+     "fe86587935babb0e4d7890b83e0d57206024ac8dcf109e9f2c70cdf615e6d933"
+     "2c1162f40f9008da5f056b85bd0e2a95c74de7aa1f61416463e9d861a766d2e7"
+     "03887e2ec7fca25614e0607c503e4a6eb66308aef2246adaa3231194686cbb21"
+     "80608aad"},
+    {false, "pair", 0x47800400u, "7850", "7838"},
+    {false, "pair", 0x47800000u, "7848", "7838"},
+    {false, "pair_negative", 0x477FF800u, "78d0", "7838"},
+    {false, "pair_negative", 0x47800000u, "78c8", "7838"},
+    {false, "cancel", 0x00000000u, "78f848", "787838"},
+    {false, "single", 0x47800000u,
+     "7800000000000000000000000000000000000000000000000000000000000048",
+     "7800000000000000000000000000000000000000000000000000000000000038"},
+    {false, "single", 0x47800000u,
+     "7800000000000000000000000000000000000000000000000000000000000000"
+     "48",
+     "7800000000000000000000000000000000000000000000000000000000000000"
+     "38"},
+    {false, "many", 0x47800200u,
+     "7848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "4848484848484848484848484848484848484848484848484848484848484848"
+     "48",
+     "7838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "3838383838383838383838383838383838383838383838383838383838383838"
+     "38"},
+};
+
+std::vector<float> e4m3_values(const char* hex) {
+  std::vector<float> v;
+  for (const char* c = hex; c[0] != 0 && c[1] != 0; c += 2) {
+    const std::uint8_t code = static_cast<std::uint8_t>(std::stoul(std::string(c, 2), nullptr, 16));
+    v.push_back(emu::decode<float>(emu::e4m3fn, code));
+  }
+  return v;
+}
+
+// The number of sampled probes whose result `m(fast)` does not reproduce.
+template <class Model> int probe_mismatches(Model m) {
+  int bad = 0;
+  for (const probe_result& p : h200_probes) {
+    const std::vector<float> a = e4m3_values(p.a), b = e4m3_values(p.b);
+    emu::accumulator acc(m(p.fast));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      acc.add(a[i], b[i]);
+    bad += bits_of(acc.finish()) != p.bits ? 1 : 0;
+  }
+  return bad;
+}
+
+TEST(accumulate, hopper_preset_reproduces_the_h200_probes) {
+  EXPECT_EQ(probe_mismatches([](bool fast) { return emu::hopper_fp8_accumulation(fast); }), 0);
+  for (const probe_result& p : h200_probes) {
+    const std::vector<float> a = e4m3_values(p.a), b = e4m3_values(p.b);
+    emu::accumulator acc(emu::hopper_fp8_accumulation(p.fast));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      acc.add(a[i], b[i]);
+    EXPECT_EQ(bits_of(acc.finish()), p.bits) << p.family << " fast " << p.fast << " a " << p.a;
+    // The rational definition agrees.
+    EXPECT_EQ(bits_of(ref::accumulate_exactly(emu::hopper_fp8_accumulation(p.fast), a, b)), p.bits)
+        << p.family << " a " << p.a;
+  }
+  // Each parameter the random rows pinned is needed: a float32 register, the products' own
+  // exponents, a nearest-even register or promotion every 2 or 8 blocks miss some probes.
+  auto with = [](auto change) {
+    return [change](bool fast) {
+      emu::accumulation m = emu::hopper_fp8_accumulation(fast);
+      change(m, fast);
+      return m;
+    };
+  };
+  EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) { m.register_bits = 24; })), 0);
+  EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) {
+              m.exponent = emu::product_exponent::of_product;
+            })),
+            0);
+  EXPECT_GT(probe_mismatches(with(
+                [](emu::accumulation& m, bool) { m.reg = emu::register_rounding::nearest_even; })),
+            0);
+  EXPECT_GT(probe_mismatches(
+                with([](emu::accumulation& m, bool fast) { m.promote_every = fast ? 0 : 2; })),
+            0);
+  EXPECT_GT(probe_mismatches(
+                with([](emu::accumulation& m, bool fast) { m.promote_every = fast ? 0 : 8; })),
+            0);
+  EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) { m.fraction_bits = 14; })), 0);
+  EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) { m.block = 16; })), 0);
 }
 
 } // namespace

@@ -46,6 +46,34 @@ float to_float(const rational& x, emu::register_rounding r) {
   return std::bit_cast<float>(round(emu::float32, x, false, p));
 }
 
+// x rounded to a register of `bits` significand bits (bits < 24): the grid 2^(e(x) - bits + 1)
+// or 2^-149 where coarser; beyond float32's range Inf (nearest) or the largest register value.
+float to_register(const rational& x, int bits, emu::register_rounding r) {
+  if (bits >= 24)
+    return to_float(x, r);
+  if (x == 0)
+    return 0.0f;
+  int e = 0; // floor(log2 |x|) by comparison with powers of two
+  const rational ax = abs(x);
+  while (ax >= pow2(e + 1))
+    ++e;
+  while (ax < pow2(e))
+    --e;
+  const bool neg = x < 0;
+  const rational top = (pow2(bits) - rational(1)) * pow2(128 - bits);
+  if (e > 127)
+    return r == emu::register_rounding::nearest_even ? (neg ? -INFINITY : INFINITY)
+                                                     : to_float(neg ? -top : top, r);
+  const rational g = pow2(std::max(e - bits + 1, -149));
+  const rational v = rational(to_integer(x / g, r == emu::register_rounding::toward_zero
+                                                    ? emu::term_rounding::toward_zero
+                                                    : emu::term_rounding::nearest_even)) *
+                     g;
+  if (abs(v) >= pow2(128))
+    return neg ? -INFINITY : INFINITY;
+  return to_float(v, r); // exact: v has at most `bits` significant bits
+}
+
 float nearest(const rational& x) {
   return to_float(x, emu::register_rounding::nearest_even);
 }
@@ -54,9 +82,9 @@ rational value(float x) {
   return exact(static_cast<double>(x));
 }
 
-} // namespace
-
-float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& products) {
+// The definition with each product's grid exponent given (the product's or its operands').
+float evaluate(const emu::accumulation& m, const std::vector<float>& products,
+               const std::vector<int>& exponents) {
   require(emu::is_valid(m), errc::invalid_argument, "model: not a valid accumulation model");
   require(m.kind != emu::accumulation_kind::exact, errc::invalid_argument,
           "model: exact has no float32 evaluation here (exact_scaled_matmul rounds the exact sum)");
@@ -79,6 +107,7 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& p
   const std::size_t k = static_cast<std::size_t>(m.block);
   for (std::size_t b0 = 0; b0 < products.size(); b0 += k) {
     std::vector<float> terms;
+    std::vector<int> term_exponents;
     for (std::size_t i = b0; i < products.size() && i < b0 + k; ++i) {
       if (!std::isfinite(products[i])) {
         special = special + products[i];
@@ -86,14 +115,15 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& p
         continue;
       }
       terms.push_back(products[i]);
+      term_exponents.push_back(exponents[i]);
     }
     if (std::isfinite(r)) {
       const bool with_reg = m.align_with_register;
       bool any = false;
       int e_max = 0;
-      for (const float t : terms)
-        if (t != 0.0f) {
-          e_max = any ? std::max(e_max, exponent(t)) : exponent(t);
+      for (std::size_t i = 0; i < terms.size(); ++i)
+        if (terms[i] != 0.0f) {
+          e_max = any ? std::max(e_max, term_exponents[i]) : term_exponents[i];
           any = true;
         }
       if (with_reg && r != 0.0f) {
@@ -107,11 +137,11 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& p
         rational v(0);
         for (const float t : terms)
           v += rational(to_integer(value(t) / q, m.terms)) * q;
-        const float block_sum = to_float(v, m.reg);
+        const float block_sum = to_register(v, m.register_bits, m.reg);
         if (with_reg)
           r = block_sum;
         else if (std::isfinite(block_sum))
-          r = to_float(value(r) + value(block_sum), m.reg);
+          r = to_register(value(r) + value(block_sum), m.register_bits, m.reg);
         else
           r = r + block_sum;
       }
@@ -128,6 +158,33 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& p
                  ? (std::isfinite(a) && std::isfinite(r) ? nearest(value(a) + value(r)) : a + r)
                  : a;
   return has_special ? special + result : result;
+}
+
+} // namespace
+
+float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& products) {
+  std::vector<int> e(products.size(), 0);
+  for (std::size_t i = 0; i < products.size(); ++i)
+    if (products[i] != 0.0f && std::isfinite(products[i]))
+      e[i] = exponent(products[i]);
+  return evaluate(m, products, e);
+}
+
+float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& a,
+                         const std::vector<float>& b) {
+  require(a.size() == b.size(), errc::invalid_argument, "a, b: not of the same length");
+  std::vector<float> p(a.size());
+  std::vector<int> e(a.size(), 0);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    p[i] = a[i] * b[i];
+    if (p[i] == 0.0f || !std::isfinite(p[i]))
+      continue;
+    require(value(p[i]) == value(a[i]) * value(b[i]), errc::invalid_argument,
+            "a, b: a product is not exact in float32");
+    e[i] = m.exponent == emu::product_exponent::of_operands ? exponent(a[i]) + exponent(b[i])
+                                                            : exponent(p[i]);
+  }
+  return evaluate(m, p, e);
 }
 
 } // namespace lowbit::reference

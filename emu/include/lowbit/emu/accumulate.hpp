@@ -4,8 +4,9 @@
 //   exact            the exact sum (rounded once by the reference; emu cannot compute it),
 //   fp32_sequential  acc = acc + p in product order, float32 nearest-even (lowbit's CPU twin),
 //   block_fixed_point blocks of k products aligned to the block's largest exponent, rounded to
-//                    f fraction bits, summed exactly, written into a float32 register, promoted
-//                    into a float32 accumulator every N blocks (tensor-core models).
+//                    f fraction bits, summed exactly, written into a float32 register (or one
+//                    of fewer significand bits), promoted into a float32 accumulator every N
+//                    blocks (tensor-core models).
 // The equations are in docs/techniques/fp8-training.md ("The accumulation models"). Everything
 // here is host and device code, the standard library only, so a CUDA kernel and the CPU twin run
 // the same accumulator.
@@ -26,6 +27,12 @@ enum class term_rounding : std::uint8_t { toward_zero, nearest_even };
 // How the block's exact fixed-point sum is written into the float32 register.
 enum class register_rounding : std::uint8_t { nearest_even, toward_zero };
 
+// The exponent that places a product on its block's grid: floor(log2 |p|) of the product, or
+// the sum of its operands' floor(log2 |x|) (the product's significand then lies in [1, 4): a
+// multiplier that adds the exponents and aligns before normalising). The operands' form needs
+// accumulator::add(a, b); add(p) alone uses the product's exponent.
+enum class product_exponent : std::uint8_t { of_product, of_operands };
+
 struct accumulation {
   accumulation_kind kind = accumulation_kind::fp32_sequential;
   // block_fixed_point only:
@@ -35,12 +42,15 @@ struct accumulation {
                                     // after the block sum is rounded into float32)
   term_rounding terms = term_rounding::toward_zero;
   register_rounding reg = register_rounding::nearest_even;
-  int promote_every = 0; // N: blocks between promotions; 0: never ("fast")
+  int promote_every = 0;  // N: blocks between promotions; 0: never ("fast")
+  int register_bits = 24; // significand bits the register keeps (float32: 24), rounded by `reg`
+  product_exponent exponent = product_exponent::of_product;
 
   friend constexpr bool operator==(const accumulation&, const accumulation&) = default;
 };
 
-// Limits that keep a block's fixed-point sum exact in a double: |S| < (k + 1) 2^(f + 1) <= 2^48.
+// Limits that keep a block's fixed-point sum exact in a double: |S| < (k + 1) 2^(f + 1) <= 2^48
+// (2^(f + 2) and 2^49 with product_exponent::of_operands).
 inline constexpr int accumulation_max_block = 64;
 inline constexpr int accumulation_max_fraction_bits = 40;
 
@@ -52,6 +62,31 @@ constexpr accumulation block_fixed_point(int k, int f, bool align_with_register,
   return {accumulation_kind::block_fixed_point, k, f, align_with_register, t, r, promote_every};
 }
 
+// The same with a register narrower than float32 and the exponent rule named.
+constexpr accumulation block_fixed_point(int k, int f, bool align_with_register, term_rounding t,
+                                         register_rounding r, int promote_every, int register_bits,
+                                         product_exponent e) {
+  return {accumulation_kind::block_fixed_point,
+          k,
+          f,
+          align_with_register,
+          t,
+          r,
+          promote_every,
+          register_bits,
+          e};
+}
+
+// The model fitted to cuBLASLt's e4m3 x e4m3 GEMM on an H200 (CUDA 13.0, K = 256, float32 out,
+// one kernel; docs/techniques/fp8-training.md, "Hopper's parameters"): blocks of 32 products
+// aligned by their operands' exponents and the register's, truncated 13 bits below, the register
+// a 14-bit significand truncated toward zero; slow accumulation promotes every 4 blocks (128
+// products). Other shapes and kernels are yet to be checked against it.
+constexpr accumulation hopper_fp8_accumulation(bool fast_accumulation) {
+  return block_fixed_point(32, 13, true, term_rounding::toward_zero, register_rounding::toward_zero,
+                           fast_accumulation ? 0 : 4, 14, product_exponent::of_operands);
+}
+
 // False for parameters outside the limits above (the accumulator's result is then unspecified).
 LOWBIT_HD constexpr bool is_valid(const accumulation& m) {
   if (m.kind != accumulation_kind::block_fixed_point)
@@ -59,7 +94,10 @@ LOWBIT_HD constexpr bool is_valid(const accumulation& m) {
   return m.block >= 1 && m.block <= accumulation_max_block && m.fraction_bits >= 0 &&
          m.fraction_bits <= accumulation_max_fraction_bits && m.promote_every >= 0 &&
          (m.terms == term_rounding::toward_zero || m.terms == term_rounding::nearest_even) &&
-         (m.reg == register_rounding::nearest_even || m.reg == register_rounding::toward_zero);
+         (m.reg == register_rounding::nearest_even || m.reg == register_rounding::toward_zero) &&
+         m.register_bits >= 1 && m.register_bits <= 24 &&
+         (m.exponent == product_exponent::of_product ||
+          m.exponent == product_exponent::of_operands);
 }
 
 namespace detail {
@@ -134,6 +172,53 @@ LOWBIT_HD constexpr float to_float(double s, double t, register_rounding r) {
   return f;
 }
 
+// floor(log2 |s|) of a nonzero finite double of the models' range (a normal double).
+LOWBIT_HD constexpr int exponent_of(double s) {
+  return static_cast<int>((bit_cast<std::uint64_t>(s) >> 52) & 0x7FFu) - 1023;
+}
+
+// s + t (as in to_float) rounded to a register of `bits` significand bits: the grid is
+// 2^(e(s) - bits + 1), or float32's subnormal grid 2^-149 where that is coarser; one rounding.
+// For bits = 24 this is to_float. Beyond float32's range: Inf (nearest) or the largest register
+// value (toward zero).
+LOWBIT_HD constexpr float to_register(double s, double t, int bits, register_rounding r) {
+  if (bits >= 24)
+    return to_float(s, t, r);
+  if (s == 0)
+    return static_cast<float>(s);
+  const int e = exponent_of(s);
+  const bool neg = s < 0;
+  if (e > 127)
+    return r == register_rounding::nearest_even
+               ? bit_cast<float>(neg ? 0xFF800000u : 0x7F800000u)
+               : static_cast<float>((neg ? -1.0 : 1.0) * (pow2(bits) - 1) * pow2(128 - bits));
+  const int g = e - bits + 1 > -149 ? e - bits + 1 : -149;
+  const double x = s * pow2(-g); // exact: |x| < 2^bits
+  auto i = static_cast<std::int64_t>(x);
+  const double rest = x - static_cast<double>(i); // exact, the sign of s or zero
+  const double tail = t * pow2(-g);
+  const std::int64_t away = neg ? -1 : 1;
+  if (r == register_rounding::toward_zero) {
+    if (rest == 0 && tail != 0 && ((tail < 0) == !neg)) {
+      // s is on the grid and the exact value lies just inside it: one step down, on the finer
+      // grid of the binade below where s is a power of two.
+      if (g > -149 && (neg ? -i : i) == (std::int64_t{1} << (bits - 1)))
+        return static_cast<float>((neg ? -1.0 : 1.0) * (pow2(bits) - 1) * pow2(g - 1));
+      i -= away;
+    }
+  } else {
+    const double half = neg ? -rest : rest;
+    const bool inward = tail != 0 && ((tail < 0) == !neg);
+    const bool up = half > 0.5 || (half == 0.5 && (tail != 0 ? !inward : (i & 1) != 0));
+    if (up)
+      i += away;
+  }
+  const double v = static_cast<double>(i) * pow2(g);
+  if ((v < 0 ? -v : v) >= pow2(128))
+    return bit_cast<float>(neg ? 0xFF800000u : 0x7F800000u); // rounded up past the range
+  return static_cast<float>(v);
+}
+
 } // namespace detail
 
 // The streaming form of a model: add(p) for each product in order, then finish(). Products are
@@ -146,18 +231,17 @@ public:
   LOWBIT_HD constexpr explicit accumulator(const accumulation& m) : m_(m) {}
 
   LOWBIT_HD constexpr void add(float p) {
-    if (m_.kind == accumulation_kind::fp32_sequential) {
-      acc_ = acc_ + p;
-      return;
-    }
-    if (!detail::finite(p)) {
-      special_ = special_ + p;
-      has_special_ = true;
-      p = 0.0f; // keeps the block's length: the alignment of the others is unchanged
-    }
-    buf_[count_++] = p;
-    if (count_ == m_.block)
-      flush();
+    add_aligned(p, p != 0.0f && detail::finite(p) ? detail::exponent_of(p) : 0);
+  }
+
+  // The product a * b (exact for fp8 and 16-bit operands), placed by the model's exponent rule:
+  // with product_exponent::of_operands, by e(a) + e(b).
+  LOWBIT_HD constexpr void add(float a, float b) {
+    const float p = a * b;
+    if (m_.exponent == product_exponent::of_operands && p != 0.0f && detail::finite(p))
+      add_aligned(p, detail::exponent_of(a) + detail::exponent_of(b));
+    else
+      add(p);
   }
 
   LOWBIT_HD constexpr float finish() {
@@ -174,6 +258,22 @@ public:
   }
 
 private:
+  LOWBIT_HD constexpr void add_aligned(float p, int e) {
+    if (m_.kind == accumulation_kind::fp32_sequential) {
+      acc_ = acc_ + p;
+      return;
+    }
+    if (!detail::finite(p)) {
+      special_ = special_ + p;
+      has_special_ = true;
+      p = 0.0f; // keeps the block's length: the alignment of the others is unchanged
+    }
+    exp_[count_] = e;
+    buf_[count_++] = p;
+    if (count_ == m_.block)
+      flush();
+  }
+
   LOWBIT_HD constexpr void flush() {
     const int n = count_;
     count_ = 0;
@@ -182,7 +282,7 @@ private:
     int e_max = 0;
     for (int i = 0; i < n; ++i)
       if (buf_[i] != 0.0f) {
-        const int e = detail::exponent_of(buf_[i]);
+        const int e = exp_[i];
         e_max = !any || e > e_max ? e : e_max;
         any = true;
       }
@@ -194,20 +294,20 @@ private:
     if (any && detail::finite(part_)) {
       const int q = e_max - m_.fraction_bits; // the grid: multiples of 2^q
       const double down = detail::pow2(-q);
-      double s = 0; // in units of 2^q; exact: |s| < (k + 1) 2^(f + 1) <= 2^48
+      double s = 0; // in units of 2^q; exact: |s| < (k + 1) 2^(f + 2) <= 2^49
       for (int i = 0; i < n; ++i)
         s += detail::round_integer(static_cast<double>(buf_[i]) * down, m_.terms);
       if (with_reg)
         s += detail::round_integer(static_cast<double>(part_) * down, m_.terms);
       const double v = s * detail::pow2(q); // exact (the double range holds every q)
-      const float block_sum = detail::to_float(v, 0.0, m_.reg);
+      const float block_sum = detail::to_register(v, 0.0, m_.register_bits, m_.reg);
       if (with_reg) {
         part_ = block_sum;
       } else {
         // The register adds the rounded block sum with its own rounding (TwoSum for the tail).
         const double a = static_cast<double>(part_), b = static_cast<double>(block_sum);
         const double sum = a + b, bb = sum - a, tail = (a - (sum - bb)) + (b - bb);
-        part_ = detail::to_float(sum, tail, m_.reg);
+        part_ = detail::to_register(sum, tail, m_.register_bits, m_.reg);
       }
     }
     if (m_.promote_every > 0 && ++since_promotion_ == m_.promote_every) {
@@ -224,6 +324,7 @@ private:
   bool has_special_ = false;
   int count_ = 0, since_promotion_ = 0;
   float buf_[accumulation_max_block] = {};
+  int exp_[accumulation_max_block] = {};
 };
 
 // The model's sum of products[0..n) in order.

@@ -15,4 +15,10 @@ namespace lowbit::reference {
 // rounds the exact sum), and so are invalid models.
 float accumulate_exactly(const emu::accumulation& model, const std::vector<float>& products);
 
+// The same for the products a[i] * b[i] (each exact in float32, else lowbit::error), placed on
+// the grid by the model's exponent rule (product_exponent::of_operands: e(a[i]) + e(b[i])), as
+// emu::accumulator::add(a, b) does.
+float accumulate_exactly(const emu::accumulation& model, const std::vector<float>& a,
+                         const std::vector<float>& b);
+
 } // namespace lowbit::reference
