@@ -11,7 +11,7 @@ events around each iteration after warm-up; `vs_bf16` is bf16 nn.Linear's time o
 at the same shape (above 1: faster). The accumulation model runs on CUDA cores, far slower
 than tensor cores: its rows use --model-tokens tokens (with their own bf16 row) so that the
 whole run stays within about 90 s on an H200. SPEC is a lowbit.Accumulation spec
-("bfp:k=32,f=13,..."); the default is lowbit.nn.HOPPER_PLACEHOLDER (not fitted yet).
+("bfp:k=32,f=13,..."); the default is lowbit.nn.HOPPER (fitted to the H200).
 Shapes: the ViT-H MLP's two layers (1280 -> 5120, 5120 -> 1280) and an attention projection.
 """
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--accumulation", default=None)
     a = ap.parse_args(argv)
-    model = lnn.HOPPER_PLACEHOLDER if a.accumulation is None else \
+    model = lnn.HOPPER if a.accumulation is None else \
         lowbit.Accumulation.parse(a.accumulation)
     recipes = {
         "fp8_tensorwise_delayed_native": (lnn.fp8_recipe("tensorwise", "delayed"), a.tokens),

@@ -86,11 +86,11 @@ __global__ void __launch_bounds__(simt_threads)
       __syncthreads();
       const int kn = p.k - k0 < tk ? static_cast<int>(p.k - k0) : tk;
       for (int c = 0; c < kn; ++c) {
-        const acc_t prod = sa[ty][c] * sb[tx][c];
+        // The model takes the operands (a Hopper-like model places a product by their exponents).
         if constexpr (Model)
-          model.add(prod);
+          model.add(sa[ty][c], sb[tx][c]);
         else
-          acc = acc + prod;
+          acc = acc + sa[ty][c] * sb[tx][c];
         if constexpr (Blocked)
           if (++in_block == p.kblock)
             end_block();

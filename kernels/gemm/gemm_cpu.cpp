@@ -76,7 +76,7 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
           if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
             emu::accumulator acc(p.accumulation);
             for (std::int64_t k = k0; k < k1; ++k)
-              acc.add(av[static_cast<std::size_t>(k)] * value_b(b0 + k));
+              acc.add(av[static_cast<std::size_t>(k)], value_b(b0 + k));
             return acc.finish();
           }
           float acc = 0.0f;
@@ -91,7 +91,7 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
       if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
         emu::accumulator acc(p.accumulation);
         for (std::int64_t k = 0; k < p.k; ++k)
-          acc.add(av[static_cast<std::size_t>(k)] * value_b(b0 + k));
+          acc.add(av[static_cast<std::size_t>(k)], value_b(b0 + k));
         gemm_finish(p, m, n, acc.finish());
         continue;
       }

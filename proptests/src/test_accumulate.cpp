@@ -308,12 +308,14 @@ TEST(accumulate, gemm_twin_sums_with_the_model) {
     kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
     for (std::int64_t i = 0; i < M; ++i)
       for (std::int64_t j = 0; j < N; ++j) {
-        std::vector<float> p(static_cast<std::size_t>(K));
-        for (std::int64_t q = 0; q < K; ++q)
-          p[static_cast<std::size_t>(q)] =
-              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]) *
+        std::vector<float> x(static_cast<std::size_t>(K)), y(x.size());
+        for (std::int64_t q = 0; q < K; ++q) {
+          x[static_cast<std::size_t>(q)] =
+              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]);
+          y[static_cast<std::size_t>(q)] =
               emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
-        float want = emu::accumulate(m, p.data(), K);
+        }
+        float want = emu::accumulate(m, x.data(), y.data(), K);
         if (std::isnan(want))
           want = float_of(0x7FC00000u); // the GEMM writes every NaN as the positive quiet NaN
         RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));

@@ -377,7 +377,7 @@ TEST(gemm_blocks, named_fp8_recipes_and_their_checks) {
   EXPECT_EQ(b.grad_weight.b.block_shape(), (std::pair<std::int64_t, std::int64_t>{1, 128}));
   EXPECT_TRUE(b.grad_input.a.fmt.fmt == emu::e5m2);
   const kn::linear_recipe h = kn::named_fp8_recipe("hopper_emulated");
-  EXPECT_TRUE(h.accumulation && *h.accumulation == kn::hopper_placeholder_accumulation);
+  EXPECT_TRUE(h.accumulation && *h.accumulation == kn::hopper_accumulation);
   EXPECT_EQ(h.forward.a.scaling, kn::scaling_mode::delayed);
   EXPECT_EQ(kn::named_fp8_recipe("mxfp8").forward.a.block_shape().second, 32);
   EXPECT_THROW(kn::named_fp8_recipe("fp9"), lowbit::error);

@@ -22,6 +22,7 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16")
 _KINDS = ("fp32_sequential", "exact", "block_fixed_point")
 _TERMS = ("toward_zero", "nearest_even")  # emu::term_rounding's order
 _REGISTER = ("nearest_even", "toward_zero")  # emu::register_rounding's order
+_EXPONENT = ("of_product", "of_operands")  # emu::product_exponent's order
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,11 @@ class Accumulation:
     the reference's; no backend computes it) or ``Accumulation.block_fixed_point(...)`` (a
     tensor-core model: blocks of ``k`` products aligned to the block's largest exponent, kept to
     ``fraction_bits`` bits below it, summed exactly, written into a float32 register, promoted
-    into a float32 accumulator every ``promote_every`` blocks, 0 for never).
+    into a float32 accumulator every ``promote_every`` blocks, 0 for never; the register keeps
+    ``register_bits`` significand bits, 24 for float32; ``exponent`` "of_operands" places each
+    product by its operands' exponents e(a) + e(b) rather than its own). ``Accumulation.hopper()``
+    is the model fitted to the H200's fp8 tensor cores (slow accumulation; ``fast=True`` for fast
+    accumulation).
 
     >>> lowbit.Accumulation.parse(str(lowbit.Accumulation.block_fixed_point(32, 13)))
     Accumulation.block_fixed_point(k=32, fraction_bits=13)
@@ -49,6 +54,8 @@ class Accumulation:
     terms: str = "toward_zero"
     register: str = "nearest_even"
     promote_every: int = 0
+    register_bits: int = 24
+    exponent: str = "of_product"
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -60,16 +67,21 @@ class Accumulation:
         if self.register not in _REGISTER:
             raise ValueError(f"accumulation register {self.register!r}: expected one of "
                              f"{', '.join(_REGISTER)}")
-        for name in ("k", "fraction_bits", "promote_every"):
+        if self.exponent not in _EXPONENT:
+            raise ValueError(f"accumulation exponent {self.exponent!r}: expected one of "
+                             f"{', '.join(_EXPONENT)}")
+        for name in ("k", "fraction_bits", "promote_every", "register_bits"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"accumulation {name}: expected an int, got {type(v).__name__}")
         if self.kind == "block_fixed_point" and not (
-                1 <= self.k <= 64 and 0 <= self.fraction_bits <= 40 and self.promote_every >= 0):
+                1 <= self.k <= 64 and 0 <= self.fraction_bits <= 40 and self.promote_every >= 0
+                and 1 <= self.register_bits <= 24):
             raise ValueError(f"accumulation: block_fixed_point needs 1 <= k <= 64, 0 <= "
-                             f"fraction_bits <= 40 and promote_every >= 0 (got k={self.k}, "
-                             f"fraction_bits={self.fraction_bits}, "
-                             f"promote_every={self.promote_every})")
+                             f"fraction_bits <= 40, promote_every >= 0 and 1 <= register_bits "
+                             f"<= 24 (got k={self.k}, fraction_bits={self.fraction_bits}, "
+                             f"promote_every={self.promote_every}, "
+                             f"register_bits={self.register_bits})")
         object.__setattr__(self, "align_with_register", bool(self.align_with_register))
 
     @classmethod
@@ -85,16 +97,29 @@ class Accumulation:
     @classmethod
     def block_fixed_point(cls, k: int, fraction_bits: int, *, align_with_register: bool = False,
                           terms: str = "toward_zero", register: str = "nearest_even",
-                          promote_every: int = 0) -> Accumulation:
+                          promote_every: int = 0, register_bits: int = 24,
+                          exponent: str = "of_product") -> Accumulation:
         """The tensor-core model of emu::block_fixed_point (parameters as the class doc)."""
         return cls("block_fixed_point", k, fraction_bits, align_with_register, terms, register,
-                   promote_every)
+                   promote_every, register_bits, exponent)
+
+    @classmethod
+    def hopper(cls, fast: bool = False) -> Accumulation:
+        """emu::hopper_fp8_accumulation: the H200's e4m3 x e4m3 sum as the probes pinned it
+        (docs/techniques/fp8-training.md, "Hopper's parameters"): blocks of 32 products aligned
+        with the register, 13 fraction bits, truncated; a 14-bit register truncated; products
+        placed by their operands' exponents; slow accumulation promotes into float32 every 4
+        blocks, fast accumulation never."""
+        return cls.block_fixed_point(32, 13, align_with_register=True, terms="toward_zero",
+                                     register="toward_zero", promote_every=0 if fast else 4,
+                                     register_bits=14, exponent="of_operands")
 
     def fields(self) -> list[int]:
-        """The seven integers the compiled module takes (python/src/gemm.cpp)."""
+        """The nine integers the compiled module takes (python/src/gemm.cpp)."""
         return [_KINDS.index(self.kind), self.k, self.fraction_bits,
                 int(self.align_with_register), _TERMS.index(self.terms),
-                _REGISTER.index(self.register), self.promote_every]
+                _REGISTER.index(self.register), self.promote_every, self.register_bits,
+                _EXPONENT.index(self.exponent)]
 
     def __str__(self) -> str:
         if self.kind == "fp32_sequential":
@@ -102,7 +127,8 @@ class Accumulation:
         if self.kind == "exact":
             return "exact"
         return (f"bfp:k={self.k},f={self.fraction_bits},align={int(self.align_with_register)},"
-                f"terms={self.terms},register={self.register},promote={self.promote_every}")
+                f"terms={self.terms},register={self.register},promote={self.promote_every},"
+                f"reg_bits={self.register_bits},exp={self.exponent}")
 
     def __repr__(self) -> str:
         if self.kind != "block_fixed_point":
@@ -116,6 +142,10 @@ class Accumulation:
             extra.append(f"register={self.register!r}")
         if self.promote_every:
             extra.append(f"promote_every={self.promote_every}")
+        if self.register_bits != 24:
+            extra.append(f"register_bits={self.register_bits}")
+        if self.exponent != "of_product":
+            extra.append(f"exponent={self.exponent!r}")
         tail = "".join(", " + e for e in extra)
         return f"Accumulation.block_fixed_point(k={self.k}, fraction_bits={self.fraction_bits}{tail})"
 
@@ -131,16 +161,18 @@ class Accumulation:
         head, _, rest = spec.partition(":")
         if head not in ("bfp", "block_fixed_point") or not rest:
             raise ValueError(f"accumulation {spec!r}: expected 'fp32', 'exact' or "
-                             "'bfp:k=..,f=..[,align=0|1,terms=..,register=..,promote=..]'")
+                             "'bfp:k=..,f=..[,align=0|1,terms=..,register=..,promote=..,"
+                             "reg_bits=..,exp=of_product|of_operands]'")
         keys = {"k": "k", "f": "fraction_bits", "align": "align_with_register",
-                "terms": "terms", "register": "register", "promote": "promote_every"}
+                "terms": "terms", "register": "register", "promote": "promote_every",
+                "reg_bits": "register_bits", "exp": "exponent"}
         kw: dict[str, Any] = {}
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             if not eq or key not in keys or keys[key] in kw:
                 raise ValueError(f"accumulation {spec!r}: bad or repeated field {item!r} "
                                  f"(fields {', '.join(keys)})")
-            if key in ("terms", "register"):
+            if key in ("terms", "register", "exp"):
                 kw[keys[key]] = value
             else:
                 try:

@@ -122,12 +122,13 @@ kernels::tensor_view no_scales(const array_arg& codes) {
 }
 
 // lowbit.Accumulation's fields as lowbit/_gemm.py passes them: (kind, block, fraction_bits,
-// align_with_register, terms, register, promote_every), kind 0 fp32_sequential, 1 exact, 2
-// block_fixed_point; terms and register 0 toward_zero / nearest_even in emu's enum order. The
-// ranges are the kernels' to check (emu::is_valid), with the message naming opt.accumulation.
+// align_with_register, terms, register, promote_every, register_bits, exponent), kind 0
+// fp32_sequential, 1 exact, 2 block_fixed_point; terms, register and exponent in emu's enum
+// order. The ranges are the kernels' to check (emu::is_valid), with the message naming
+// opt.accumulation.
 emu::accumulation accumulation_of(const std::vector<std::int64_t>& f) {
-  if (f.size() != 7)
-    fail(errc::invalid_argument, "accumulation: expected 7 fields");
+  if (f.size() != 9)
+    fail(errc::invalid_argument, "accumulation: expected 9 fields");
   const auto small = [](std::int64_t v) {
     return static_cast<int>(v < -1000000 ? -1000000 : (v > 1000000 ? 1000000 : v));
   };
@@ -139,6 +140,8 @@ emu::accumulation accumulation_of(const std::vector<std::int64_t>& f) {
   m.terms = static_cast<emu::term_rounding>(f[4] < 0 || f[4] > 1 ? 255 : f[4]);
   m.reg = static_cast<emu::register_rounding>(f[5] < 0 || f[5] > 1 ? 255 : f[5]);
   m.promote_every = small(f[6]);
+  m.register_bits = small(f[7]);
+  m.exponent = static_cast<emu::product_exponent>(f[8] < 0 || f[8] > 1 ? 255 : f[8]);
   return m;
 }
 

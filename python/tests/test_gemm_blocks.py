@@ -168,7 +168,8 @@ def test_a_single_block_is_the_unblocked_rule():
 
 HOPPERISH = [Acc.block_fixed_point(32, 13), Acc.block_fixed_point(16, 25, promote_every=4),
              Acc.block_fixed_point(8, 10, align_with_register=True, terms="nearest_even",
-                                   register="toward_zero", promote_every=1)]
+                                   register="toward_zero", promote_every=1),
+             Acc.hopper(), Acc.hopper(fast=True)]
 
 
 @pytest.mark.parametrize("model", HOPPERISH, ids=str)

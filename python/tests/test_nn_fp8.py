@@ -187,7 +187,7 @@ def test_named_recipes_and_their_checks():
     names = lnn.named_recipes()
     for n in FP8_RECIPES:
         assert names[n].name == n
-    assert names["hopper_emulated"].accumulation == lnn.HOPPER_PLACEHOLDER
+    assert names["hopper_emulated"].accumulation == lnn.HOPPER
     assert names["fp8_blockwise_1x128"].forward.b.block_shape == (128, 128)
     assert names["mxfp8"].grad_weight.a.block_shape == (1, 32)
     with pytest.raises(ValueError, match="delayed.*tensor-wise operands only"):

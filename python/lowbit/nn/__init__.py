@@ -23,7 +23,8 @@ from lowbit.nn.linear import (
 from lowbit.nn.recipe import (
     FORMATS,
     HIGH_PRECISION,
-    HOPPER_PLACEHOLDER,
+    HOPPER,
+    HOPPER_FAST,
     IDENTITY,
     VARIANTS,
     LinearRecipe,
@@ -38,7 +39,7 @@ from lowbit.nn.recipe import (
 __all__ = [
     "FORMATS",
     "HIGH_PRECISION",
-    "HOPPER_PLACEHOLDER",
+    "HOPPER", "HOPPER_FAST",
     "IDENTITY",
     "VARIANTS",
     "Float8Linear",

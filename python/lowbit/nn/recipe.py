@@ -269,13 +269,11 @@ def switchback_recipe(variant: str = "switchback", fmt: str = "int8",
     )
 
 
-# A stand-in for the accumulation of Hopper's fp8 tensor cores until the H200 probes
-# (docs/techniques/fp8-training.md) pin its parameters: blocks of 32 products (one wgmma k-step
-# of e4m3) aligned to the block's largest exponent and truncated to 13 fraction bits (the about
-# 14 bits of accumulation precision that the DeepSeek-V3 report measured on H800 fp8 GEMMs),
-# written into a float32 register, never promoted (cuBLASLt's fast accumulation). NOT fitted:
-# pass the fitted model to fp8_recipe(accumulation=...) or hopper_recipe(...) once it exists.
-HOPPER_PLACEHOLDER = Accumulation.block_fixed_point(32, 13)
+# The accumulation of Hopper's fp8 tensor cores as the H200 probes pinned it
+# (docs/techniques/fp8-training.md, "Hopper's parameters"): slow accumulation (cuBLASLt with fast
+# accumulation off, lowbit's CUTLASS kernels); HOPPER_FAST never promotes. Fitted on e4m3 x e4m3.
+HOPPER = Accumulation.hopper()
+HOPPER_FAST = Accumulation.hopper(fast=True)
 
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise", "mx")
 
@@ -297,7 +295,7 @@ def fp8_recipe(granularity: str = "tensorwise", scaling: str = "current", *,
     scaling: "current" (each operand's own amax) or "delayed" (tensorwise only: X, W and G
         scaled from the module's amax histories of amax_history steps).
     accumulation: how the fp8 matmuls sum (None: each backend's own; a
-        :class:`lowbit.Accumulation`, e.g. :data:`HOPPER_PLACEHOLDER`, runs on the CPU twin and
+        :class:`lowbit.Accumulation`, e.g. :data:`HOPPER`, runs on the CPU twin and
         simt, so backend "automatic" picks simt on CUDA).
     """
     if granularity not in FP8_GRANULARITIES:
@@ -336,12 +334,12 @@ def fp8_recipe(granularity: str = "tensorwise", scaling: str = "current", *,
                         reduce_amax=reduce_amax)
 
 
-def hopper_recipe(accumulation: Any = HOPPER_PLACEHOLDER, granularity: str = "tensorwise",
+def hopper_recipe(accumulation: Any = HOPPER, granularity: str = "tensorwise",
                   scaling: str = "delayed", **kwargs: Any) -> LinearRecipe:
     """The recipe that native fp8 training on Hopper runs (tensor-wise delayed scaling by
     default), with its matmuls emulated under ``accumulation``, the model of Hopper's fp8
-    tensor cores: bit for bit what the H200 computes once the model is the fitted one (the
-    default is :data:`HOPPER_PLACEHOLDER`, not yet fitted). Runs on the CPU twin and simt."""
+    tensor cores (the default :data:`HOPPER`, fitted to the H200's probes). Runs on the CPU
+    twin and simt."""
     kwargs.setdefault("name", "hopper_emulated")
     return fp8_recipe(granularity, scaling, accumulation=accumulation, **kwargs)
 
@@ -350,7 +348,7 @@ def named_recipes() -> dict[str, LinearRecipe]:
     """Every named recipe: "identity", ``<variant>_<fmt>`` for each SwitchBack variant and
     format, and the fp8 training recipes: "fp8_tensorwise", "fp8_tensorwise_delayed",
     "fp8_rowwise", "fp8_blockwise_1x128", "mxfp8" and "hopper_emulated" (the tensor-wise
-    delayed recipe under :data:`HOPPER_PLACEHOLDER`'s accumulation)."""
+    delayed recipe under :data:`HOPPER`'s accumulation)."""
     out = {"identity": IDENTITY}
     for v in VARIANTS:
         for f in ("int8", "fp8"):

@@ -335,4 +335,15 @@ LOWBIT_HD constexpr float accumulate(const accumulation& m, const float* product
   return a.finish();
 }
 
+// The model's sum of the products a[i] b[i], i in [0, n), in order, each placed by its operands
+// (what the CPU twin and simt compute; equal to the products' form unless the model takes
+// product_exponent::of_operands).
+LOWBIT_HD constexpr float accumulate(const accumulation& m, const float* a, const float* b,
+                                     std::int64_t n) {
+  accumulator acc(m);
+  for (std::int64_t i = 0; i < n; ++i)
+    acc.add(a[i], b[i]);
+  return acc.finish();
+}
+
 } // namespace lowbit::emu

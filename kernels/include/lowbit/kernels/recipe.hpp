@@ -94,11 +94,10 @@ inline void check(const linear_recipe& r) {
             errc::invalid_argument, r.name + ": the accumulation model is invalid or exact");
 }
 
-// A stand-in for Hopper's fp8 accumulation until the H200 probes pin it (fp8-training.md):
-// blocks of 32 products truncated to 13 fraction bits below the block's largest, a float32
-// register, no promotion. Not fitted; pass the fitted model to fp8_recipe instead once known.
-inline constexpr emu::accumulation hopper_placeholder_accumulation = emu::block_fixed_point(
-    32, 13, false, emu::term_rounding::toward_zero, emu::register_rounding::nearest_even, 0);
+// Hopper's fp8 accumulation as the H200 probes pinned it (fp8-training.md, "Hopper's
+// parameters"), slow accumulation: what cuBLASLt's fp8 GEMMs (fast accumulation off) and the
+// CUTLASS kernels (promotion every 4 MMAs) sum. Fitted on e4m3 x e4m3; applied to every pair.
+inline constexpr emu::accumulation hopper_accumulation = emu::hopper_fp8_accumulation(false);
 
 enum class fp8_granularity : std::uint8_t { tensorwise, rowwise, blockwise, mx };
 
@@ -134,7 +133,7 @@ inline linear_recipe fp8_recipe(fp8_granularity g, scaling_mode s = scaling_mode
 
 // The named recipes of python/lowbit/nn/recipe.py's named_recipes() that are fp8 training
 // recipes: fp8_tensorwise, fp8_tensorwise_delayed, fp8_rowwise, fp8_blockwise_1x128, mxfp8 and
-// hopper_emulated (tensor-wise delayed under hopper_placeholder_accumulation).
+// hopper_emulated (tensor-wise delayed under hopper_accumulation).
 inline std::vector<linear_recipe> named_fp8_recipes() {
   using g = fp8_granularity;
   return {fp8_recipe(g::tensorwise),
@@ -142,8 +141,7 @@ inline std::vector<linear_recipe> named_fp8_recipes() {
           fp8_recipe(g::rowwise),
           fp8_recipe(g::blockwise),
           fp8_recipe(g::mx),
-          fp8_recipe(g::tensorwise, scaling_mode::delayed, hopper_placeholder_accumulation,
-                     "hopper_emulated")};
+          fp8_recipe(g::tensorwise, scaling_mode::delayed, hopper_accumulation, "hopper_emulated")};
 }
 
 // The named recipe, or errc::invalid_argument naming the known ones.
