@@ -201,7 +201,8 @@ def test_lamb_and_lars_32bit_follow_their_float64_equations_per_tensor(case):
                                           hp["dampening"], hp["weight_decay"],
                                           hp["trust_coefficient"], hp["eps"], hp["nesterov"],
                                           max_tr)
-                states = {"momentum_buffer": (buf, buf.abs() + buf0.abs())} if \
+                # The buffer's operands' magnitudes: the step's size without lr.
+                states = {"momentum_buffer": (buf, size / hp["lr"])} if \
                     hp["momentum"] != 0 else {}
             err = (p.detach().double() - want).abs()
             assert bool((err <= 1e-5 * (p0.double().abs() + size) + 1e-30).all()), \
@@ -229,9 +230,10 @@ def test_lamb_trust_ratio_sets_each_tensors_step_to_lr_times_its_norm():
         assert abs(ratio - 0.01) < 1e-5, ratio
     # ||p|| = 0: ratio 1, the first step of Adam with bias correction: |u| ~ 1 per element.
     assert float((z.detach() - olds[2]).abs().max()) == pytest.approx(0.01, rel=1e-3)
-    # The clamp (||p|| / ||u|| is about 5 here) and no adaptation: steps lr 1e-3 u and lr u.
+    # The clamp (||p|| / ||u|| is about 5 here) and no adaptation: steps lr 0.1 u and lr u (the
+    # parameters' float32 rounding, an ulp of 5 against steps of 1e-3, moves the norm by < 1e-3).
     zero = torch.zeros_like(olds[0])
-    for extra, max_tr, adapt in [(dict(max_trust_ratio=1e-3), 1e-3, True),
+    for extra, max_tr, adapt in [(dict(max_trust_ratio=0.1), 0.1, True),
                                  (dict(always_adapt=False), float("inf"), False)]:
         c = torch.nn.Parameter(olds[0].clone())
         opt = lo.LAMB([c], lr=0.01, weight_decay=0.0, **extra)
@@ -240,7 +242,7 @@ def test_lamb_trust_ratio_sets_each_tensors_step_to_lr_times_its_norm():
         want = _lamb64(olds[0], a.grad, zero, zero, 1, 0.01, 0.9, 0.999, 1e-6, 0.0, max_tr,
                        adapt=adapt)[0]
         moved, want_moved = (c.detach() - olds[0]).norm(), (want - olds[0].double()).norm()
-        assert float(moved / want_moved) == pytest.approx(1.0, abs=1e-4), extra
+        assert float(moved / want_moved) == pytest.approx(1.0, abs=1e-3), extra
 
 
 def test_lamb_and_lars_reject_bad_hyper_parameters():
