@@ -272,7 +272,7 @@ LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_element(const optim_shared& sh, co
     const float r = ops::stable_rms_term(sh.c, gg, vn);
     return {r, 0.0f, ops::finite(g) && ops::finite(vn) && ops::finite(r)};
   }
-  const float p = load_param(it.ptype, it.param, i);
+  const float p = load_param(it, i); // the master value with a residual
   const float pp = p * p;
   if (sh.kind == optimizer::lars) {
     const float gg = g * g;
