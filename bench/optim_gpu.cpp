@@ -158,6 +158,11 @@ void bench_row(benchmark::State& state, row r) {
     if (r.o == optimizer::stable_adamw) // the RMS pass: gradient and second moment again
       bytes += static_cast<double>(n) * (static_cast<double>(es) + state_bytes) +
                (eight ? 4.0 * static_cast<double>(blocks) : 0.0);
+    if (r.o == optimizer::lamb) // the norms' pass: parameter, gradient and both moments again
+      bytes += static_cast<double>(n) * (2.0 * static_cast<double>(es) + 2.0 * state_bytes) +
+               (eight ? 8.0 * static_cast<double>(blocks) : 0.0);
+    if (r.o == optimizer::lars) // the norms' pass: parameter and gradient again
+      bytes += static_cast<double>(n) * 2.0 * static_cast<double>(es);
   }
   kernels::optim_config cfg;
   cfg.block = r.block;
@@ -195,6 +200,9 @@ void register_optim() {
       {optimizer::lion, true, dtype::float32, 256},
       {optimizer::sgd, true, dtype::float32, 256},
       {optimizer::adam, true, dtype::float32, 256},
+      {optimizer::lamb, true, dtype::float32, 256},
+      {optimizer::lamb, false, dtype::float32, 256},
+      {optimizer::lars, true, dtype::float32, 256},
       {optimizer::adamw, false, dtype::bfloat16, 256, 16},
       {optimizer::adamw, true, dtype::bfloat16, 256, 16},
       {optimizer::adamw, true, dtype::bfloat16, 256, 8},

@@ -20,6 +20,8 @@ const char* optimizer_name(optimizer o) {
   case optimizer::lion: return "lion";
   case optimizer::rmsprop: return "rmsprop";
   case optimizer::adagrad: return "adagrad";
+  case optimizer::lamb: return "lamb";
+  case optimizer::lars: return "lars";
   }
   return "unknown";
 }
@@ -28,8 +30,10 @@ int optimizer_states(optimizer o, const optim_hparams& h) {
   switch (o) {
   case optimizer::adam:
   case optimizer::adamw:
-  case optimizer::stable_adamw: return 2;
-  case optimizer::sgd: return h.momentum != 0.0 ? 1 : 0;
+  case optimizer::stable_adamw:
+  case optimizer::lamb: return 2;
+  case optimizer::sgd:
+  case optimizer::lars: return h.momentum != 0.0 ? 1 : 0;
   default: return 1;
   }
 }
@@ -64,11 +68,13 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   case optimizer::adamw:
   case optimizer::stable_adamw:
   case optimizer::lion:
+  case optimizer::lamb:
     in(h.beta1, 0.0, 1.0, true, "beta1");
     in(h.beta2, 0.0, 1.0, true, "beta2");
     break;
   case optimizer::rmsprop: in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)"); break;
   case optimizer::sgd:
+  case optimizer::lars:
     in(h.momentum, 0.0, 1.0, true, "momentum");
     in(h.dampening, 0.0, 1.0, false, "dampening");
     require(!h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0), errc::invalid_argument,
@@ -82,6 +88,14 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   if (o == optimizer::stable_adamw)
     require(h.eps > 0.0, errc::invalid_argument,
             name + "eps must be > 0 (eps^2 floors the second moment in the RMS term)");
+  if (o == optimizer::lamb || o == optimizer::lars)
+    require(!std::isnan(h.max_trust_ratio) && h.max_trust_ratio > 0.0, errc::invalid_argument,
+            name + "max_trust_ratio = " + std::to_string(h.max_trust_ratio) +
+                " must be > 0 (infinity: no clamp)");
+  if (o == optimizer::lars)
+    require(std::isfinite(h.trust_coefficient) && h.trust_coefficient > 0.0, errc::invalid_argument,
+            name + "trust_coefficient = " + std::to_string(h.trust_coefficient) +
+                " must be finite and > 0");
 }
 
 optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
@@ -139,6 +153,26 @@ optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
   case optimizer::adagrad:
     c.lr = f(h.lr / (1.0 + (t - 1.0) * h.lr_decay));
     c.wd = f(h.weight_decay);
+    break;
+  case optimizer::lamb:
+    c.lr = f(h.lr);
+    c.wd = f(h.weight_decay);
+    c.beta1 = f(h.beta1);
+    c.one_m_b1 = f(1.0 - h.beta1);
+    c.beta2 = f(h.beta2);
+    c.one_m_b2 = f(1.0 - h.beta2);
+    if (h.bias_correction) {
+      c.bc1_inv = f(1.0 / (1.0 - std::pow(h.beta1, t)));
+      c.bc2_sqrt = f(std::sqrt(1.0 - std::pow(h.beta2, t)));
+    }
+    break;
+  case optimizer::lars:
+    c.lr = f(h.lr);
+    c.wd = f(h.weight_decay);
+    c.beta1 = f(h.momentum);
+    c.one_m_b1 = f(1.0 - h.dampening);
+    c.first = h.step == 1;
+    c.nesterov = h.nesterov;
     break;
   }
   return c;
@@ -305,6 +339,13 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   p.sh.c = coeffs_of(o, h);
   p.sh.lr = h.lr;
   p.sh.wd = h.weight_decay;
+  p.sh.eps = h.eps;
+  p.sh.max_trust_ratio = h.max_trust_ratio;
+  p.sh.trust_coefficient = h.trust_coefficient;
+  p.sh.prepass =
+      o == optimizer::stable_adamw || ((o == optimizer::lamb || o == optimizer::lars) && h.adapt);
+  p.sh.eta0 = o == optimizer::lars ? 1.0f : p.sh.c.lr; // LARS: the ratio 1; others: lr
+  p.sh.decay0 = 1.0f;
   p.sh.block = cfg.block;
   p.sh.stochastic = cfg.rounding == codebook_rounding::stochastic;
   p.sh.seed = cfg.seed;

@@ -7,8 +7,9 @@
 // (the nearest entry found through the buckets of blockwise_ops.hpp, which equal the CPU twin's
 // binary search for every |t| <= 1). Per work block: parameter, gradient and states read once,
 // updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced, then
-// everything written once. StableAdamW runs two small kernels first (the RMS partial of each
-// work block, then each tensor's eta) in the tree that optim_cpu.cpp mirrors.
+// everything written once. StableAdamW, and LAMB and LARS with the trust ratio on, run two small
+// kernels first (the pre-pass partials of each work block: the RMS terms, or the squared norms
+// of p and u or g; then each tensor's pair) in the tree that optim_cpu.cpp mirrors.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -127,15 +128,20 @@ __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
   __syncthreads();
 }
 
+// The pre-pass: the two partial sums of each work block (partial[2 wb], partial[2 wb + 1]), or
+// excluded_partial in the first.
 template <int W>
 __global__ void __launch_bounds__(optim_threads)
-    rms_partial_kernel(optim_shared sh, const optim_item* items, std::int64_t count,
-                       std::int64_t total, const bops::tables* tabs, float* partial) {
+    prepass_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
+                   const bops::tables* tabs, float* partial) {
   using grp = lane_group<W>;
   __shared__ bops::tables tb[2];
   __shared__ float red[warps];
   load_tables(tabs, tb);
   const int r = grp::rank();
+  const bool two = sh.kind != optimizer::stable_adamw;
+  const float* v0 = tb[d::state_signed(sh.kind, 0) ? 0 : 1].value;
+  const float* v1 = tb[1].value;
   const work_range<W> range = work_range<W>::of(items, count, total);
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
@@ -143,57 +149,62 @@ __global__ void __launch_bounds__(optim_threads)
     const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);
-    float s = 0.0f;
+    float s0 = 0.0f, s1 = 0.0f;
     bool bad = false;
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
       const std::int64_t i = i0 + r + k * grp::lanes;
       if (i < end) {
-        const float g = d::load_param(it.ptype, it.grad, i);
-        const float v = d::load_state(it, 1, tb[1].value, i, b);
-        const float gg = sh.c.maximize ? -g : g;
-        const float vn = optim_ops::stable_v(sh.c, gg, v);
-        const float rt = optim_ops::stable_rms_term(sh.c, gg, vn);
-        bad |= !optim_ops::finite(g) | !optim_ops::finite(vn) | !optim_ops::finite(rt);
-        s = s + rt;
+        const d::prepass_terms e = d::prepass_element(sh, it, v0, v1, i, b);
+        bad |= !e.ok;
+        s0 = s0 + e.a;
+        s1 = s1 + e.b;
       }
     }
     bad = grp::any(bad);
-    const float sum = grp::sum_of(s, red);
-    if (r == 0)
-      partial[wb] = bad ? d::excluded_partial : sum;
+    const float sum0 = grp::sum_of(s0, red);
+    const float sum1 = two ? grp::sum_of(s1, red) : 0.0f;
+    if (r == 0) {
+      const bool out = bad || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
+      partial[2 * wb] = out ? d::excluded_partial : sum0;
+      partial[2 * wb + 1] = out ? 0.0f : sum1;
+    }
   }
 }
 
-// One CUDA block per tensor: eta and decay of StableAdamW from the tensor's block partials.
+// One CUDA block per tensor: the tensor's pair (eta, decay) from its block partials.
 __global__ void __launch_bounds__(optim_threads)
-    eta_kernel(optim_shared sh, const optim_item* items, const float* partial, float* eta_decay) {
-  __shared__ double lane[optim_threads];
+    tensor_pair_kernel(optim_shared sh, const optim_item* items, const float* partial,
+                       float* eta_decay) {
+  __shared__ double lane0[optim_threads], lane1[optim_threads];
   __shared__ unsigned long long cnt[optim_threads];
   const optim_item it = items[blockIdx.x];
   const std::int64_t blocks = (it.n + sh.block - 1) / sh.block;
-  double s = 0.0;
+  double s0 = 0.0, s1 = 0.0;
   std::int64_t c = 0;
   for (std::int64_t b = threadIdx.x; b < blocks; b += optim_threads) {
-    const float v = partial[it.block0 + b];
-    if (v == d::excluded_partial)
+    const float* v = partial + 2 * (it.block0 + b);
+    if (v[0] == d::excluded_partial)
       continue;
-    s = s + static_cast<double>(v);
+    s0 = s0 + static_cast<double>(v[0]);
+    s1 = s1 + static_cast<double>(v[1]);
     c += min(sh.block, it.n - b * sh.block);
   }
-  lane[threadIdx.x] = s;
+  lane0[threadIdx.x] = s0;
+  lane1[threadIdx.x] = s1;
   cnt[threadIdx.x] = static_cast<unsigned long long>(c);
   __syncthreads();
   for (int off = optim_threads / 2; off > 0; off >>= 1) {
     if (static_cast<int>(threadIdx.x) < off) {
-      lane[threadIdx.x] = lane[threadIdx.x] + lane[threadIdx.x + off];
+      lane0[threadIdx.x] = lane0[threadIdx.x] + lane0[threadIdx.x + off];
+      lane1[threadIdx.x] = lane1[threadIdx.x] + lane1[threadIdx.x + off];
       cnt[threadIdx.x] += cnt[threadIdx.x + off];
     }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
     float e = 0.0f, dc = 0.0f;
-    d::stable_eta(sh, lane[0], static_cast<std::int64_t>(cnt[0]), e, dc);
+    d::tensor_pair(sh, lane0[0], lane1[0], static_cast<std::int64_t>(cnt[0]), e, dc);
     eta_decay[2 * blockIdx.x] = e;
     eta_decay[2 * blockIdx.x + 1] = dc;
   }
@@ -257,7 +268,7 @@ template <int W, optimizer K>
 __global__ void __launch_bounds__(optim_threads)
     step_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
                 const bops::tables* tabs, const std::uint32_t* bks, const float* eta_decay,
-                std::int64_t* skipped) {
+                const float* partial, std::int64_t* skipped) {
   using grp = lane_group<W>;
   __shared__ bops::tables tb[2]; // signed, unsigned
   __shared__ std::uint32_t bk[2][bops::bucket_count];
@@ -276,13 +287,14 @@ __global__ void __launch_bounds__(optim_threads)
     const optim_item it = items[j];
     const std::int64_t b = wb - it.block0, i0 = b * sh.block;
     const std::int64_t end = min(it.n, i0 + sh.block);
-    float eta = sh.c.lr, decay = 1.0f;
+    float eta = sh.eta0, decay = sh.decay0;
     if (eta_decay != nullptr) {
       eta = eta_decay[2 * j];
       decay = eta_decay[2 * j + 1];
     }
     float np[EPT], s1[EPT], s2[EPT];
-    bool bad = false;
+    // A block the pre-pass left out of its tensor's sums is left untouched too.
+    bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
 #pragma unroll
     for (int k = 0; k < EPT; ++k) {
       const std::int64_t i = i0 + r + k * grp::lanes;
@@ -368,25 +380,24 @@ template <int W> void launch(const optim_problem& p, const exec& ex) {
   const auto* items = table.as<const optim_item>();
   const auto* tabs = reinterpret_cast<const bops::tables*>(table.as<unsigned char>() + tab_off);
   const auto* bks = reinterpret_cast<const std::uint32_t*>(table.as<unsigned char>() + bk_off);
-  const bool stable = p.sh.kind == optimizer::stable_adamw;
-  scratch extra(stable ? sizeof(float) * static_cast<std::size_t>(p.total_blocks + 2 * count) : 4,
+  const bool pre = p.sh.prepass;
+  scratch extra(pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 4,
                 s);
-  float* eta_decay = nullptr;
-  if (stable) {
-    float* partial = extra.as<float>();
-    eta_decay = partial + p.total_blocks;
-    rms_partial_kernel<W>
-        <<<grid_of<W, rms_partial_kernel<W>>(p.total_blocks), optim_threads, 0, s>>>(
-            p.sh, items, count, p.total_blocks, tabs, partial);
-    check_launch("rms_partial_kernel");
-    eta_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
-                                                                      eta_decay);
-    check_launch("eta_kernel");
+  float *eta_decay = nullptr, *partial = nullptr;
+  if (pre) {
+    partial = extra.as<float>();
+    eta_decay = partial + 2 * p.total_blocks;
+    prepass_kernel<W><<<grid_of<W, prepass_kernel<W>>(p.total_blocks), optim_threads, 0, s>>>(
+        p.sh, items, count, p.total_blocks, tabs, partial);
+    check_launch("prepass_kernel");
+    tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
+                                                                              eta_decay);
+    check_launch("tensor_pair_kernel");
   }
   const auto run = [&](auto kind) {
     constexpr auto kernel = step_kernel<W, decltype(kind)::value>;
     kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(
-        p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, p.skipped);
+        p.sh, items, count, p.total_blocks, tabs, bks, eta_decay, partial, p.skipped);
     check_launch("step_kernel");
   };
   using o = optimizer;
@@ -397,6 +408,8 @@ template <int W> void launch(const optim_problem& p, const exec& ex) {
   case o::sgd: return run(std::integral_constant<o, o::sgd>{});
   case o::lion: return run(std::integral_constant<o, o::lion>{});
   case o::rmsprop: return run(std::integral_constant<o, o::rmsprop>{});
+  case o::lamb: return run(std::integral_constant<o, o::lamb>{});
+  case o::lars: return run(std::integral_constant<o, o::lars>{});
   default: return run(std::integral_constant<o, o::adagrad>{});
   }
 }

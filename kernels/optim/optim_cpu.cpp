@@ -1,9 +1,10 @@
 // CPU twin of the fused optimizer steps: the per-element updates of optim_ops.hpp and the
 // block-level code of optim_internal.hpp, work blocks processed in parallel. Block maxima and the
-// skip decision are order-free; StableAdamW's RMS is summed in the CUDA kernel's tree (each of
-// the work block's block / 8 lanes sums its elements in order, then each warp's 32 lanes pairwise
-// by halving strides, then the warps so, where there are several; the tensor's block partials in
-// double, 256 lanes in order then halving strides), so the results equal the GPU's bit for bit.
+// skip decision are order-free; the per-tensor pre-pass sums (StableAdamW's RMS, LAMB's and
+// LARS' squared norms) are summed in the CUDA kernel's tree (each of the work block's block / 8
+// lanes sums its elements in order, then each warp's 32 lanes pairwise by halving strides, then
+// the warps so, where there are several; the tensor's block partials in double, 256 lanes in
+// order then halving strides), so the results equal the GPU's bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -43,54 +44,62 @@ float tree_sum(float* lane, int lanes) {
   return warp[0];
 }
 
-// StableAdamW's first pass over work block b of tensor it: the partial sum of its RMS terms, or
-// excluded_partial.
-float rms_partial(const optim_problem& p, const optim_item& it, std::int64_t b) {
+// The pre-pass over work block b of tensor it: its two partial sums (partial[0], partial[1]), or
+// excluded_partial in partial[0].
+void prepass_partial(const optim_problem& p, const optim_item& it, std::int64_t b, float* partial) {
   const std::int64_t block = p.sh.block, i0 = (b - it.block0) * block;
-  const bops::tables& tu = p.tb_unsigned;
+  const bool two = p.sh.kind != optimizer::stable_adamw;
+  const float* v0 = d::state_signed(p.sh.kind, 0) ? p.tb_signed.value : p.tb_unsigned.value;
+  const float* v1 = p.tb_unsigned.value;
   const int lanes = optim_lanes(block);
-  float lane[optim_threads];
+  float lane0[optim_threads], lane1[optim_threads];
   bool bad = false;
   for (int t = 0; t < lanes; ++t) {
-    float s = 0.0f;
+    float s0 = 0.0f, s1 = 0.0f;
     for (std::int64_t i = i0 + t; i < std::min(it.n, i0 + block); i += lanes) {
-      const float g = d::load_param(it.ptype, it.grad, i);
-      const float v = d::load_state(it, 1, tu.value, i, b - it.block0);
-      const float gg = p.sh.c.maximize ? -g : g;
-      const float vn = optim_ops::stable_v(p.sh.c, gg, v);
-      const float r = optim_ops::stable_rms_term(p.sh.c, gg, vn);
-      bad |= !optim_ops::finite(g) | !optim_ops::finite(vn) | !optim_ops::finite(r);
-      s = s + r;
+      const d::prepass_terms e = d::prepass_element(p.sh, it, v0, v1, i, b - it.block0);
+      bad |= !e.ok;
+      s0 = s0 + e.a;
+      s1 = s1 + e.b;
     }
-    lane[t] = s;
+    lane0[t] = s0;
+    lane1[t] = s1;
   }
-  return bad ? d::excluded_partial : tree_sum(lane, lanes);
+  const float sum0 = tree_sum(lane0, lanes), sum1 = two ? tree_sum(lane1, lanes) : 0.0f;
+  bad |= !optim_ops::finite(sum0) | !optim_ops::finite(sum1);
+  partial[0] = bad ? d::excluded_partial : sum0;
+  partial[1] = bad ? 0.0f : sum1;
 }
 
-// The kernel's per-tensor total of the block partials.
+// The kernel's per-tensor totals of the block partials, then the tensor's pair.
 void tensor_eta(const optim_problem& p, const optim_item& it, const float* partial, float& eta,
                 float& decay) {
   const std::int64_t blocks = blockwise_blocks(it.n, p.sh.block);
-  double lane[optim_threads];
+  double lane0[optim_threads], lane1[optim_threads];
   std::int64_t count = 0;
   for (int t = 0; t < optim_threads; ++t) {
-    double s = 0.0;
+    double s0 = 0.0, s1 = 0.0;
     for (std::int64_t b = t; b < blocks; b += optim_threads) {
-      const float v = partial[it.block0 + b];
-      if (v == d::excluded_partial)
+      const float* v = partial + 2 * (it.block0 + b);
+      if (v[0] == d::excluded_partial)
         continue;
-      s = s + static_cast<double>(v);
+      s0 = s0 + static_cast<double>(v[0]);
+      s1 = s1 + static_cast<double>(v[1]);
       count += std::min(p.sh.block, it.n - b * p.sh.block);
     }
-    lane[t] = s;
+    lane0[t] = s0;
+    lane1[t] = s1;
   }
   for (int off = optim_threads / 2; off > 0; off >>= 1)
-    for (int l = 0; l < off; ++l)
-      lane[l] = lane[l] + lane[l + off];
-  d::stable_eta(p.sh, lane[0], count, eta, decay);
+    for (int l = 0; l < off; ++l) {
+      lane0[l] = lane0[l] + lane0[l + off];
+      lane1[l] = lane1[l] + lane1[l + off];
+    }
+  d::tensor_pair(p.sh, lane0[0], lane1[0], count, eta, decay);
 }
 
-void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float eta, float decay) {
+void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float eta, float decay,
+                const float* partial) {
   const optim_item& it = p.items[static_cast<std::size_t>(j)];
   const std::int64_t block = p.sh.block, b = wb - it.block0, i0 = b * block;
   const std::int64_t m = std::min(block, it.n - i0);
@@ -98,7 +107,8 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
   const bops::tables* tb[2] = {d::state_signed(p.sh.kind, 0) ? &p.tb_signed : &p.tb_unsigned,
                                d::state_signed(p.sh.kind, 1) ? &p.tb_signed : &p.tb_unsigned};
   float np[2048], s1[2048], s2[2048];
-  bool bad = false;
+  // A block the pre-pass left out of its tensor's sums is left untouched too.
+  bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
   for (std::int64_t e = 0; e < m; ++e) {
     const std::int64_t i = i0 + e;
     const float p0 = d::load_param(it, i);
@@ -143,16 +153,17 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
 
 void optimizer_step(const optim_problem& p, const exec& ex) {
   const std::int64_t nt = static_cast<std::int64_t>(p.items.size());
-  std::vector<float> eta(static_cast<std::size_t>(nt), p.sh.c.lr), decay(eta.size(), 1.0f);
+  std::vector<float> eta(static_cast<std::size_t>(nt), p.sh.eta0), decay(eta.size(), p.sh.decay0);
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 16) / p.sh.block);
-  if (p.sh.kind == optimizer::stable_adamw) {
-    std::vector<float> partial(static_cast<std::size_t>(p.total_blocks));
+  std::vector<float> partial;
+  if (p.sh.prepass) {
+    partial.resize(2 * static_cast<std::size_t>(p.total_blocks));
     parallel_for(
         p.total_blocks, ex.threads,
         [&](std::int64_t b0, std::int64_t b1) {
           for (std::int64_t wb = b0; wb < b1; ++wb)
-            partial[static_cast<std::size_t>(wb)] =
-                rms_partial(p, p.items[static_cast<std::size_t>(tensor_of(p, wb))], wb);
+            prepass_partial(p, p.items[static_cast<std::size_t>(tensor_of(p, wb))], wb,
+                            partial.data() + 2 * wb);
         },
         grain);
     for (std::int64_t j = 0; j < nt; ++j)
@@ -164,8 +175,8 @@ void optimizer_step(const optim_problem& p, const exec& ex) {
       [&](std::int64_t b0, std::int64_t b1) {
         for (std::int64_t wb = b0; wb < b1; ++wb) {
           const std::int64_t j = tensor_of(p, wb);
-          step_block(p, j, wb, eta[static_cast<std::size_t>(j)],
-                     decay[static_cast<std::size_t>(j)]);
+          step_block(p, j, wb, eta[static_cast<std::size_t>(j)], decay[static_cast<std::size_t>(j)],
+                     partial.empty() ? nullptr : partial.data());
         }
       },
       grain);

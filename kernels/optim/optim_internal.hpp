@@ -1,6 +1,7 @@
 // The checked form of an optimizer step, shared by the host API, the CPU twin and the CUDA
 // launcher, and the block-level pieces both loop the same way: loading and storing parameters
-// and states, the update dispatch, and StableAdamW's fixed reduction tree. Everything here has
+// and states, the update dispatch, and the per-tensor pre-pass (StableAdamW's RMS, LAMB's and
+// LARS' norms) in its fixed reduction tree. Everything here has
 // passed validation in optim.cpp.
 #pragma once
 
@@ -54,7 +55,13 @@ struct optim_shared {
   optimizer kind = optimizer::adam;
   int states = 0;
   optim_ops::coeffs c;
-  double lr = 0.0, wd = 0.0; // stable_adamw: eta and its decay come from these per tensor
+  // The per-tensor pre-pass (stable_adamw; lamb and lars with the trust ratio on) derives each
+  // tensor's pair (eta, decay) from these (tensor_pair); without it every tensor has (eta0,
+  // decay0).
+  double lr = 0.0, wd = 0.0, eps = 0.0;
+  double max_trust_ratio = 0.0, trust_coefficient = 0.0; // lamb, lars
+  bool prepass = false;
+  float eta0 = 0.0f, decay0 = 1.0f;
   std::int64_t block = 256;
   bool stochastic = false;
   std::uint64_t seed = 0, offset = 0;
@@ -177,8 +184,9 @@ LOWBIT_HD LOWBIT_INLINE float load_state(const optim_item& it, int k, const floa
 }
 
 // The update of one element by optimizer `kind` (sh.kind; the CUDA kernel passes it as a
-// compile-time constant, so that each of its instances holds one update); eta and decay are
-// StableAdamW's per-tensor values.
+// compile-time constant, so that each of its instances holds one update); eta and decay are the
+// tensor's pair (StableAdamW: eta and 1 - eta wd; LAMB: lr times the trust ratio; LARS: the
+// trust ratio, in eta).
 LOWBIT_HD LOWBIT_INLINE optim_ops::result update(optimizer kind, const optim_shared& sh, float eta,
                                                  float decay, float p, float g, float s1,
                                                  float s2) {
@@ -189,6 +197,8 @@ LOWBIT_HD LOWBIT_INLINE optim_ops::result update(optimizer kind, const optim_sha
   case optimizer::sgd: return optim_ops::sgd(sh.c, sh.states > 0, p, g, s1);
   case optimizer::lion: return optim_ops::lion(sh.c, p, g, s1);
   case optimizer::rmsprop: return optim_ops::rmsprop(sh.c, p, g, s1);
+  case optimizer::lamb: return optim_ops::lamb(sh.c, eta, p, g, s1, s2);
+  case optimizer::lars: return optim_ops::lars(sh.c, sh.states > 0, eta, p, g, s1);
   default: return optim_ops::adagrad(sh.c, p, g, s1);
   }
 }
@@ -222,8 +232,63 @@ LOWBIT_HD LOWBIT_INLINE void stable_eta(const optim_shared& sh, double total, st
   decay = static_cast<float>(1.0 - e * sh.wd);
 }
 
-// A marker for a work block left out of the RMS (any term not finite): partials are sums of
-// non-negative terms, so a negative one is never a sum.
+// The pre-pass's per-tensor pair from the tensor's two sums (double) over `count` elements, in
+// double, each result rounded once to float. LAMB: ratio = ||p|| / ||u|| (1 where either is 0),
+// eta = lr min(ratio, max_trust_ratio). LARS: ratio = tc ||p|| / (||g|| + wd ||p|| + eps) (1
+// where either norm is 0), eta = min(ratio, max_trust_ratio). decay 1 for both.
+LOWBIT_HD LOWBIT_INLINE void tensor_pair(const optim_shared& sh, double s0, double s1,
+                                         std::int64_t count, float& eta, float& decay) {
+  if (sh.kind == optimizer::stable_adamw) {
+    stable_eta(sh, s0, count, eta, decay);
+    return;
+  }
+  const double pn = ::sqrt(s0), qn = ::sqrt(s1);
+  double r = 1.0;
+  if (pn > 0.0 && qn > 0.0)
+    r = sh.kind == optimizer::lamb ? pn / qn
+                                   : sh.trust_coefficient * pn / (qn + sh.wd * pn + sh.eps);
+  r = r < sh.max_trust_ratio ? r : sh.max_trust_ratio;
+  eta = static_cast<float>(sh.kind == optimizer::lamb ? sh.lr * r : r);
+  decay = 1.0f;
+}
+
+// The pre-pass's two terms of element i (b its block in the tensor; v0, v1 the codebook values
+// of states 0 and 1): StableAdamW the RMS term g^2 / max(v_t, eps^2) and 0; LAMB p^2 and u^2
+// (u from the new moments, which only the step writes); LARS p^2 and g^2. ok: every value the
+// terms and (LAMB) the new moments need is finite.
+struct prepass_terms {
+  float a, b;
+  bool ok;
+};
+LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_element(const optim_shared& sh, const optim_item& it,
+                                                      const float* v0, const float* v1,
+                                                      std::int64_t i, std::int64_t b) {
+  namespace ops = optim_ops;
+  const float g = load_param(it.ptype, it.grad, i);
+  if (sh.kind == optimizer::stable_adamw) {
+    const float v = load_state(it, 1, v1, i, b);
+    const float gg = sh.c.maximize ? -g : g;
+    const float vn = ops::stable_v(sh.c, gg, v);
+    const float r = ops::stable_rms_term(sh.c, gg, vn);
+    return {r, 0.0f, ops::finite(g) && ops::finite(vn) && ops::finite(r)};
+  }
+  const float p = load_param(it, i); // the master value with a residual
+  const float pp = p * p;
+  if (sh.kind == optimizer::lars) {
+    const float gg = g * g;
+    return {pp, gg, ops::finite(g) && ops::finite(pp) && ops::finite(gg)};
+  }
+  const float m = load_state(it, 0, v0, i, b), v = load_state(it, 1, v1, i, b);
+  const ops::lamb_direction_t d = ops::lamb_direction(sh.c, p, g, m, v);
+  const float uu = d.u * d.u;
+  return {pp, uu,
+          ops::finite(g) && ops::finite(pp) && ops::finite(uu) && ops::finite(d.m) &&
+              ops::finite(d.v)};
+}
+
+// A marker for a work block left out of the per-tensor sums (a value it needs or its partial
+// sum not finite; the step leaves the block untouched too): partials are sums of non-negative
+// terms, so a negative one is never a sum. Two partials per work block, the marker in the first.
 inline constexpr float excluded_partial = -1.0f;
 
 } // namespace optim_detail

@@ -20,19 +20,21 @@ namespace lowbit::kernels::optim_ops {
 // The coefficients of one step, computed once per call on the host (in double, each rounded
 // once to float32; optim.cpp) and read by every element. The names say what each multiplies.
 struct coeffs {
-  float lr = 0.0f;       // adam family: lr / (1 - beta1^t) (step_size); sgd, lion, rmsprop: lr;
-                         // adagrad: lr / (1 + (t - 1) lr_decay); stable_adamw: lr
+  float lr = 0.0f;       // adam family: lr / (1 - beta1^t) (step_size); sgd, lion, rmsprop, lars:
+                         // lr; adagrad: lr / (1 + (t - 1) lr_decay); stable_adamw, lamb: lr
   float decay = 1.0f;    // decoupled weight decay factor 1 - lr wd (adamw, lion)
-  float wd = 0.0f;       // L2 weight decay added to the gradient (adam, sgd, rmsprop, adagrad)
-  float beta1 = 0.0f;    // adam: beta1; stable: debiased beta1-hat; sgd: momentum; lion: beta1
-  float one_m_b1 = 0.0f; // 1 - beta1 (adam family, lion); sgd: 1 - dampening
-  float beta2 = 0.0f;    // adam, rmsprop (alpha); stable: beta2-hat; lion: beta2
+  float wd = 0.0f;       // L2 weight decay added to the gradient (adam, sgd, rmsprop, adagrad,
+                         // lars) or to the update direction (lamb)
+  float beta1 = 0.0f;    // adam, lion, lamb: beta1; stable: debiased beta1-hat; sgd, lars: momentum
+  float one_m_b1 = 0.0f; // 1 - beta1 (adam family, lion, lamb); sgd, lars: 1 - dampening
+  float beta2 = 0.0f;    // adam, rmsprop (alpha), lamb; stable: beta2-hat; lion: beta2
   float one_m_b2 = 0.0f; // 1 - beta2
-  float bc2_sqrt = 1.0f; // adam: sqrt(1 - beta2^t)
+  float bc1_inv = 1.0f;  // lamb: 1 / (1 - beta1^t) (1 without bias correction)
+  float bc2_sqrt = 1.0f; // adam, lamb: sqrt(1 - beta2^t) (lamb: 1 without bias correction)
   float eps = 0.0f;      // added to the denominator
   float eps2 = 0.0f;     // stable_adamw: eps^2, the floor of v in the RMS term
-  bool first = false;    // sgd: the first step copies the gradient into the momentum
-  bool nesterov = false; // sgd
+  bool first = false;    // sgd, lars: the first step copies the gradient into the momentum
+  bool nesterov = false; // sgd, lars
   bool maximize = false; // every optimizer: ascend instead of descend
 };
 
@@ -145,6 +147,51 @@ LOWBIT_HD LOWBIT_INLINE result adagrad(const coeffs& c, float p, float g, float 
   s = s + 1.0f * g * g;
   p = p + -c.lr * g / (sqrt_rn(s) + c.eps);
   return {p, s, 0.0f};
+}
+
+// LAMB (You et al. 2020, Algorithm 2, with the AdamW direction): m = b1 m + (1 - b1) g;
+// v = b2 v + (1 - b2) g g; u = (m / (1 - b1^t)) / (sqrt(v) / sqrt(1 - b2^t) + eps) + wd p. The
+// per-tensor pre-pass needs u of every element (for ||u||) before any parameter is written, so
+// the direction is its own function, evaluated identically there and in the step; the states
+// are written only by the step.
+struct lamb_direction_t {
+  float u, m, v;
+};
+LOWBIT_HD LOWBIT_INLINE lamb_direction_t lamb_direction(const coeffs& c, float p, float g, float m,
+                                                        float v) {
+  if (c.maximize)
+    g = -g;
+  m = c.beta1 * m + c.one_m_b1 * g;
+  v = c.beta2 * v + c.one_m_b2 * g * g;
+  const float denom = sqrt_rn(v) / c.bc2_sqrt + c.eps;
+  const float u = m * c.bc1_inv / denom + c.wd * p;
+  return {u, m, v};
+}
+// The step with eta = lr min(||p|| / ||u||, max_trust_ratio) (per tensor, from the pre-pass; lr
+// where the trust ratio is off): p = p - eta u.
+LOWBIT_HD LOWBIT_INLINE result lamb(const coeffs& c, float eta, float p, float g, float m,
+                                    float v) {
+  const lamb_direction_t d = lamb_direction(c, p, g, m, v);
+  p = p + -eta * d.u;
+  return {p, d.m, d.v};
+}
+
+// LARS (You, Gitman, Ginsburg 2017) with SGD momentum as torch's SGD: the gradient with its
+// weight decay scaled by the tensor's local learning rate ratio = min(tc ||p|| / (||g|| + wd ||p||
+// + eps), max_trust_ratio) (from the pre-pass; 1 where the trust ratio is off):
+// g = (g + wd p) ratio; buf = g on the first step, else buf mom + (1 - damp) g; Nesterov:
+// g + mom buf, else buf; p -= lr g.
+LOWBIT_HD LOWBIT_INLINE result lars(const coeffs& c, bool has_momentum, float ratio, float p,
+                                    float g, float buf) {
+  if (c.maximize)
+    g = -g;
+  g = (g + c.wd * p) * ratio;
+  if (has_momentum) {
+    buf = c.first ? g : buf * c.beta1 + c.one_m_b1 * g;
+    g = c.nesterov ? g + c.beta1 * buf : buf;
+  }
+  p = p + -c.lr * g;
+  return {p, buf, 0.0f};
 }
 
 LOWBIT_HD LOWBIT_INLINE bool finite(float x) {

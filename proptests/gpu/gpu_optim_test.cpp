@@ -2,7 +2,8 @@
 // states, absmax, skip counts), over random multi-tensor calls: every optimizer, tiny and
 // non-multiple-of-block tensors mixed with large ones, 32-bit and 8-bit states in one call,
 // float32/bfloat16/float16 parameters, blocks of 256 and 2048, nearest and stochastic rounding,
-// zero, extreme and non-finite gradients, several steps in a row.
+// zero, extreme and non-finite gradients, several steps in a row; for StableAdamW, LAMB and LARS
+// the per-tensor pre-pass (RMS, norms, trust ratios) in the same tree on both sides.
 #include <rapidcheck.h>
 
 #include <cmath>
@@ -33,9 +34,9 @@ struct gpu_tensor {
   std::unique_ptr<mirrored> p, g, s[2], a[2];
 };
 
-const optimizer all_optimizers[] = {optimizer::adam,   optimizer::adamw, optimizer::stable_adamw,
-                                    optimizer::sgd,    optimizer::lion,  optimizer::rmsprop,
-                                    optimizer::adagrad};
+const optimizer all_optimizers[] = {optimizer::adam,    optimizer::adamw, optimizer::stable_adamw,
+                                    optimizer::sgd,     optimizer::lion,  optimizer::rmsprop,
+                                    optimizer::adagrad, optimizer::lamb,  optimizer::lars};
 
 void put(mirrored& m, dtype t, std::int64_t i, float v) {
   if (t == dtype::float32) {
@@ -124,18 +125,26 @@ kernels::optim_tensor views(gpu_tensor& t, bool gpu, int states) {
   return v;
 }
 
-void one_case(std::uint64_t seed, bool large = false) {
+// forced >= 0: that entry of all_optimizers instead of a random one.
+void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
   std::mt19937_64 r(seed);
-  const optimizer o = all_optimizers[r() % std::size(all_optimizers)];
+  const std::size_t pick = r() % std::size(all_optimizers);
+  const optimizer o = all_optimizers[forced >= 0 ? static_cast<std::size_t>(forced) : pick];
   kernels::optim_hparams h;
   h.lr = r() % 2 ? 1e-3 : 0.1;
   h.beta1 = r() % 4 == 0 ? 0.0 : 0.9;
   h.beta2 = r() % 2 ? 0.999 : 0.95;
   h.weight_decay = r() % 2 ? 0.0 : 0.01;
   h.maximize = r() % 10 == 0;
-  if (o == optimizer::sgd) {
+  if (o == optimizer::sgd || o == optimizer::lars) {
     h.momentum = r() % 3 == 0 ? 0.0 : 0.9;
     h.nesterov = h.momentum > 0 && r() % 2;
+  }
+  if (o == optimizer::lamb || o == optimizer::lars) {
+    h.max_trust_ratio = r() % 2 ? std::numeric_limits<double>::infinity() : 0.5;
+    h.trust_coefficient = r() % 2 ? 1e-3 : 0.5;
+    h.adapt = r() % 5 != 0;
+    h.bias_correction = r() % 2 == 0;
   }
   const int ns = kernels::optimizer_states(o, h);
   kernels::optim_config cfg;
@@ -156,7 +165,7 @@ void one_case(std::uint64_t seed, bool large = false) {
     ts.push_back(make(r, n, pts[r() % 3], r() % 3 != 0, ns, cfg.block));
   }
   mirrored skipped(8 * static_cast<std::size_t>(count), 0);
-  const std::string what = std::string(kernels::optimizer_name(o)) +
+  const std::string what = std::string(kernels::optimizer_name(o)) + (h.adapt ? "" : " no-adapt") +
                            " block=" + std::to_string(cfg.block) +
                            " tensors=" + std::to_string(count) + " seed=" + std::to_string(seed);
   for (int step = 1; step <= 4; ++step) {
@@ -196,9 +205,11 @@ TEST(gpu_optim, step_equals_cpu_twin_bitwise) {
 
 TEST(gpu_optim, every_optimizer_on_a_large_mixed_call) {
   LOWBIT_REQUIRE_GPU();
-  // A fixed sweep whose calls may hold tensors above a million elements.
-  for (std::uint64_t seed = 1; seed <= 14; ++seed)
-    EXPECT_NO_THROW(one_case(seed * 0x9E3779B97F4A7C15ull, true)) << "seed " << seed;
+  // A fixed sweep whose calls may hold tensors above a million elements, two per optimizer.
+  for (std::uint64_t seed = 1; seed <= 2 * std::size(all_optimizers); ++seed)
+    EXPECT_NO_THROW(one_case(seed * 0x9E3779B97F4A7C15ull, true,
+                             static_cast<int>((seed - 1) % std::size(all_optimizers))))
+        << "seed " << seed;
 }
 
 TEST(gpu_optim, refuses_host_memory_in_device_views) {

@@ -14,7 +14,9 @@
 // directly; an 8-bit state's absmax by the block's largest state bound E; its code must be the
 // nearest entry of some t within delta = (e_i + E) / (A - E) + u of the exact normalized value y
 // (A the exact absmax; blocks with A <= E are judged by absmax only), that is between
-// nearest(y - delta) and nearest(y + delta), the nearest entry being monotone.
+// nearest(y - delta) and nearest(y + delta), the nearest entry being monotone. The per-tensor
+// quantities of the pre-pass (StableAdamW's RMS, LAMB's and LARS' norms and trust ratios) enter
+// as bound pairs too: each term's bound plus the float32 summation tree's additions (sum_bound).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -83,8 +85,10 @@ rb operator/(rb a, rb b) {
 }
 rb sqrt_rb(rb a) {
   const double r = std::sqrt(a.v);
-  const double p = a.e / (r + std::sqrt(std::max(a.v - a.e, 0.0)));
-  return {r, (std::isfinite(p) ? p : std::sqrt(a.e)) + own(r, p)};
+  double p = a.e / (r + std::sqrt(std::max(a.v - a.e, 0.0)));
+  if (!std::isfinite(p)) // x = 0 within its bound: |sqrt(x~)| <= sqrt(dx)
+    p = std::sqrt(a.e);
+  return {r, p + own(r, p)};
 }
 rb max_rb(rb a, rb b) { // exact operation
   return {std::max(a.v, b.v), std::max(a.e, b.e)};
@@ -97,6 +101,20 @@ rb sign_rb(rb a) {
 struct rb_result {
   rb p, s1, s2;
 };
+
+// LAMB's direction u and new moments (optim_ops::lamb_direction), on bounds.
+rb_result lamb_u(const kernels::optim_hparams& h, double p0, double g0, double a0, double c0) {
+  const double t = static_cast<double>(h.step);
+  const rb p = exact_in(p0), g = exact_in(h.maximize ? -g0 : g0), a = exact_in(a0),
+           c = exact_in(c0);
+  const rb m = coef(h.beta1) * a + coef(1.0 - h.beta1) * g;
+  const rb v = coef(h.beta2) * c + coef(1.0 - h.beta2) * g * g;
+  const rb bc1 = h.bias_correction ? coef(1.0 / (1.0 - std::pow(h.beta1, t))) : exact_in(1.0);
+  const rb bc2 = h.bias_correction ? coef(std::sqrt(1.0 - std::pow(h.beta2, t))) : exact_in(1.0);
+  const rb den = sqrt_rb(v) / bc2 + coef(h.eps);
+  const rb u = m * bc1 / den + coef(h.weight_decay) * p;
+  return {u, m, v};
+}
 
 // The twin's operation sequence (optim_ops.hpp) for one element, on bounds.
 rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_st, double p0,
@@ -156,6 +174,21 @@ rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_
     p = p + -coef(h.lr / (1.0 + (t - 1.0) * h.lr_decay)) * g / (sqrt_rb(s) + coef(h.eps));
     return {p, s, {}};
   }
+  case optimizer::lamb: { // eta: lr times the trust ratio
+    const rb_result d = lamb_u(h, p0, g0, a0, c0);
+    p = p + -eta * d.p;
+    return {p, d.s1, d.s2};
+  }
+  case optimizer::lars: { // eta: the trust ratio
+    g = (g + coef(h.weight_decay) * p) * eta;
+    rb buf = a;
+    if (h.momentum != 0.0) {
+      buf = h.step == 1 ? g : buf * coef(h.momentum) + coef(1.0 - h.dampening) * g;
+      g = h.nesterov ? g + coef(h.momentum) * buf : buf;
+    }
+    p = p + -coef(h.lr) * g;
+    return {p, buf, {}};
+  }
   }
   return {};
 }
@@ -179,6 +212,10 @@ reference::optim_settings settings_of(const kernels::optim_hparams& h) {
   s.lr_decay = h.lr_decay;
   s.maximize = h.maximize;
   s.step = h.step;
+  s.max_trust_ratio = h.max_trust_ratio;
+  s.trust_coefficient = h.trust_coefficient;
+  s.adapt = h.adapt;
+  s.bias_correction = h.bias_correction;
   return s;
 }
 
@@ -294,12 +331,29 @@ kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r) {
   }
   if (o == optimizer::adagrad)
     h.lr_decay = pick({0.0, 0.01});
+  if (o == optimizer::lars) {
+    h.momentum = pick({0.0, 0.9, 0.5});
+    h.dampening = h.momentum > 0 && r() % 2 ? 0.1 : 0.0;
+    h.nesterov = h.momentum > 0 && h.dampening == 0.0 && r() % 2;
+    h.trust_coefficient = pick({1e-3, 0.02, 1.0});
+  }
+  if (o == optimizer::lamb || o == optimizer::lars) {
+    h.max_trust_ratio = pick({std::numeric_limits<double>::infinity(), 10.0, 0.5, 1e-3});
+    h.adapt = r() % 6 != 0;
+    h.bias_correction = r() % 3 != 0;
+  }
   return h;
 }
 
-const optimizer all_optimizers[] = {optimizer::adam,   optimizer::adamw, optimizer::stable_adamw,
-                                    optimizer::sgd,    optimizer::lion,  optimizer::rmsprop,
-                                    optimizer::adagrad};
+const optimizer all_optimizers[] = {optimizer::adam,    optimizer::adamw, optimizer::stable_adamw,
+                                    optimizer::sgd,     optimizer::lion,  optimizer::rmsprop,
+                                    optimizer::adagrad, optimizer::lamb,  optimizer::lars};
+
+// The optimizers whose per-tensor pre-pass leaves blocks with non-finite values out of the whole
+// tensor's RMS or norms (so the other blocks' results depend on which were left out).
+bool has_prepass(optimizer o) {
+  return o == optimizer::stable_adamw || o == optimizer::lamb || o == optimizer::lars;
+}
 
 std::string describe_case(optimizer o, const kernels::optim_hparams& h, std::int64_t n,
                           std::int64_t block, bool eight) {
@@ -308,7 +362,9 @@ std::string describe_case(optimizer o, const kernels::optim_hparams& h, std::int
          " lr=" + std::to_string(h.lr) + " b1=" + std::to_string(h.beta1) +
          " b2=" + std::to_string(h.beta2) + " eps=" + std::to_string(h.eps) +
          " wd=" + std::to_string(h.weight_decay) + " step=" + std::to_string(h.step) +
-         " mom=" + std::to_string(h.momentum) + (h.maximize ? " maximize" : "");
+         " mom=" + std::to_string(h.momentum) + " max_tr=" + std::to_string(h.max_trust_ratio) +
+         " tc=" + std::to_string(h.trust_coefficient) + (h.adapt ? "" : " no-adapt") +
+         (h.bias_correction ? "" : " no-bias-correction") + (h.maximize ? " maximize" : "");
 }
 
 // The nearest entry of a codebook to a double y under the reference's tie rule (a tie goes to the
@@ -324,22 +380,35 @@ int nearest_double(const reference::codebook_values& cb, double y) {
   return idx;
 }
 
-// StableAdamW's eta as a bound pair, from the exact RMS and the twin's summation depth.
+// The pre-pass's sum of terms over a tensor, as a bound pair: each term's own bound plus the
+// float32 additions a term passes through (optim_per_lane in its lane, in order, then
+// log2(block / 8) halvings of the lanes: 13 for blocks of 256, 16 for 2048), each adding at most
+// u of the partial sums' magnitudes (1.01 covers the gamma_k = k u / (1 - k u) of the sum of k
+// roundings), then the double sums (1e-12 relative covers them).
+rb sum_bound(const std::vector<rb>& terms, std::int64_t block) {
+  const double depth = 8.0 + std::log2(static_cast<double>(block / 8));
+  double sum = 0.0, err = 0.0, mag = 0.0;
+  for (const rb& t : terms) {
+    sum += t.v;
+    err += t.e;
+    mag += std::fabs(t.v) + t.e;
+  }
+  return {sum, err + depth * u32 * mag * 1.01 + 1e-12 * mag};
+}
+
+// StableAdamW's eta as a bound pair, from the exact RMS and the twin's summation tree.
 rb stable_eta_bound(const kernels::optim_hparams& h, const reference::optim_values& x,
                     std::int64_t block, double rms, rb& decay) {
   const double t = static_cast<double>(h.step);
   const double b2 = h.beta2 * (1.0 - std::pow(h.beta2, t - 1.0)) / (1.0 - std::pow(h.beta2, t));
-  double sum = 0.0, err = 0.0;
+  std::vector<rb> terms;
   for (std::size_t i = 0; i < x.p.size(); ++i) {
     const rb g = exact_in(h.maximize ? -x.g[i] : x.g[i]);
     const rb v = coef(b2) * exact_in(x.s2[i]) + coef(1.0 - b2) * g * g;
-    const rb term = g * g / max_rb(v, coef(h.eps * h.eps));
-    sum += term.v;
-    err += term.e;
+    terms.push_back(g * g / max_rb(v, coef(h.eps * h.eps)));
   }
-  // Each term passes through at most block/256 sequential and 8 tree additions in float32.
-  const double depth = static_cast<double>(block / 256 + 8);
-  err += depth * u32 * sum * 1.01 + 1e-12 * sum;
+  const rb total = sum_bound(terms, block);
+  const double sum = total.v, err = total.e;
   const double rel_rms = sum > 0 ? 0.5 * err / sum + 1e-15 : 0.0;
   const double eta = h.lr / std::max(1.0, rms);
   const double rel = rms * (1.0 + rel_rms) > 1.0 ? rel_rms : 0.0;
@@ -347,6 +416,39 @@ rb stable_eta_bound(const kernels::optim_hparams& h, const reference::optim_valu
   const double dv = 1.0 - eta * h.weight_decay;
   decay = {dv, e.e * h.weight_decay + u32 * std::fabs(dv) + 1e-16};
   return e;
+}
+
+// LAMB's eta = lr min(r, max_trust_ratio) or LARS' min(r, max_trust_ratio), r the trust ratio,
+// as a bound pair: the squared norms' sums as sum_bound gives them, then the host's double
+// operations bounded as float32 ones (looser). determined = false where a sum's bound reaches
+// down to 0 although the exact norm is not 0 (whether the twin took the ratio or 1 is then open).
+rb trust_eta_bound(optimizer o, const kernels::optim_hparams& h, const reference::optim_values& x,
+                   std::int64_t block, const reference::optim_exact& ex, bool& determined) {
+  determined = true;
+  const rb one_ratio = o == optimizer::lamb ? coef(h.lr) : exact_in(1.0);
+  if (!h.adapt || ex.norm_p == 0.0 || ex.norm_q == 0.0)
+    return one_ratio;
+  std::vector<rb> tp, tq;
+  for (std::size_t i = 0; i < x.p.size(); ++i) {
+    const rb p = exact_in(x.p[i]);
+    tp.push_back(p * p);
+    const rb q =
+        o == optimizer::lamb ? lamb_u(h, x.p[i], x.g[i], x.s1[i], x.s2[i]).p : exact_in(x.g[i]);
+    tq.push_back(q * q);
+  }
+  const rb sp = sum_bound(tp, block), sq = sum_bound(tq, block);
+  if (!(sp.v - sp.e > 0.0) || !(sq.v - sq.e > 0.0)) {
+    determined = false;
+    return {};
+  }
+  const rb pn = sqrt_rb(sp), qn = sqrt_rb(sq);
+  rb r = o == optimizer::lamb
+             ? pn / qn
+             : coef(h.trust_coefficient) * pn / (qn + coef(h.weight_decay) * pn + coef(h.eps));
+  r.v = std::min(r.v, h.max_trust_ratio); // min(., M) moves no two values further apart
+  if (o == optimizer::lamb)
+    return exact_in(h.lr) * r;
+  return {r.v, r.e + own(r.v, r.e)};
 }
 
 // residual: the parameter as a bfloat16 weight plus a 16-bit residual (docs/techniques/
@@ -411,6 +513,11 @@ void check_against_reference(optimizer o, std::uint64_t seed, bool residual = fa
   rb eta{h.lr, 0.0}, decay{1.0, 0.0};
   if (o == optimizer::stable_adamw)
     eta = stable_eta_bound(h, in, block, ex.rms, decay);
+  bool determined = true;
+  if (o == optimizer::lamb || o == optimizer::lars)
+    eta = trust_eta_bound(o, h, in, block, ex, determined);
+  if (!determined) // rare: a tensor of tiny values whose squares underflow
+    return;
   std::vector<rb_result> b(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
     b[i] = replay(o, h, eta, decay, in.p[i], in.g[i], ns > 0 ? in.s1[i] : 0.0,
@@ -591,7 +698,7 @@ TEST(optim_twin, non_finite_gradients_leave_their_blocks_untouched_and_are_count
           for (int k = 0; k < ns; ++k)
             RC_ASSERT(
                 (x.eight ? x.code[k][i] == before.code[k][i] : same(x.s[k][i], before.s[k][i])));
-        } else if (o != optimizer::stable_adamw) {
+        } else if (!has_prepass(o)) {
           RC_ASSERT(same(x.p[i], clean.p[i]));
           for (int k = 0; k < ns; ++k)
             RC_ASSERT(
@@ -602,7 +709,7 @@ TEST(optim_twin, non_finite_gradients_leave_their_blocks_untouched_and_are_count
         for (int k = 0; k < ns && x.eight; ++k)
           RC_ASSERT(std::memcmp(&x.absmax[k][b], &before.absmax[k][b], 4) == 0);
     }
-    if (o != optimizer::stable_adamw)
+    if (!has_prepass(o))
       RC_ASSERT(skipped[0] == nbad + clean_skips);
   });
 }
@@ -677,6 +784,10 @@ TEST(optim_twin, many_steps_in_a_row_stay_finite_and_descend_a_quadratic) {
     std::mt19937_64 r(11);
     kernels::optim_hparams h;
     h.lr = o == optimizer::sgd ? 0.1 : (o == optimizer::adagrad ? 0.5 : 0.01);
+    if (o == optimizer::lars) { // steps of lr tc ||p|| in the gradient's direction
+      h.lr = 1.0;
+      h.trust_coefficient = 0.01;
+    }
     h.momentum = 0.9;
     h.beta2 = o == optimizer::lion || o == optimizer::rmsprop ? 0.99 : 0.999;
     const int ns = kernels::optimizer_states(o, h);
@@ -715,6 +826,46 @@ TEST(optim_twin, many_steps_in_a_row_stay_finite_and_descend_a_quadratic) {
     }
     EXPECT_EQ(skipped[0], 0) << kernels::optimizer_name(o);
     EXPECT_LT(loss(), 0.5 * l0) << kernels::optimizer_name(o);
+  }
+}
+
+// LARS with the trust ratio off is torch's SGD (the same operations, the gradient times 1), bit
+// for bit; LAMB's update of each tensor is lr min(r, max_trust_ratio) u, so its norm is the
+// parameter's norm times lr where the clamp does not bite (the trust ratio's purpose).
+TEST(optim_twin, lars_without_adaptation_is_sgd_and_lamb_steps_scale_with_the_parameter_norm) {
+  test::check_property("optim_twin.lars_is_sgd", 30, [] {
+    std::mt19937_64 r(*rc::gen::arbitrary<std::uint64_t>());
+    kernels::optim_hparams h = random_hparams(optimizer::lars, r);
+    h.adapt = false;
+    const int ns = kernels::optimizer_states(optimizer::lars, h);
+    kernels::optim_config cfg;
+    host_tensor x = make_tensor(r, static_cast<std::int64_t>(r() % 3000), r() % 2 == 0, ns,
+                                cfg.block, true, false);
+    host_tensor y = x;
+    const kernels::optim_tensor tx = views_of(x, ns), ty = views_of(y, ns);
+    kernels::optimizer_step(optimizer::lars, h, &tx, 1, {}, cfg);
+    kernels::optimizer_step(optimizer::sgd, h, &ty, 1, {}, cfg);
+    RC_ASSERT(snapshot(x) == snapshot(y));
+  });
+  std::mt19937_64 r(21);
+  for (const double scale : {1e-3, 1.0, 1e3}) {
+    host_tensor x = make_tensor(r, 5000, false, 2, 256, true, false);
+    for (auto& v : x.p)
+      v = static_cast<float>(v * scale);
+    std::vector<float> p0 = x.p;
+    kernels::optim_hparams h;
+    h.lr = 1e-2;
+    h.weight_decay = 0.01;
+    const kernels::optim_tensor t = views_of(x, 2);
+    kernels::optimizer_step(optimizer::lamb, h, &t, 1, {});
+    double dn = 0.0, pn = 0.0;
+    for (std::int64_t i = 0; i < x.n; ++i) {
+      dn += (double(x.p[i]) - p0[i]) * (double(x.p[i]) - p0[i]);
+      pn += double(p0[i]) * p0[i];
+    }
+    // ||delta p|| = lr ||p|| within the rounding of the step (each element's update to a few u,
+    // the parameter's rounding below 2^-24 of |p| against the update's lr |p|-sized norm).
+    EXPECT_NEAR(std::sqrt(dn) / std::sqrt(pn), h.lr, 1e-3 * h.lr) << "scale " << scale;
   }
 }
 
@@ -777,6 +928,21 @@ TEST(optim_api, refuses_bad_arguments_naming_them) {
   hh.nesterov = true;
   hh.dampening = 0.5;
   EXPECT_NE(run(views_of(x, 1), hh, {}, optimizer::sgd).find("nesterov"), std::string::npos);
+  hh = {};
+  hh.max_trust_ratio = 0.0;
+  EXPECT_NE(run(t, hh, {}, optimizer::lamb).find("max_trust_ratio"), std::string::npos);
+  hh.max_trust_ratio = std::nan("");
+  EXPECT_NE(run(t, hh, {}, optimizer::lamb).find("max_trust_ratio"), std::string::npos);
+  hh = {};
+  hh.trust_coefficient = -1.0;
+  EXPECT_NE(run(views_of(x, 0), hh, {}, optimizer::lars).find("trust_coefficient"),
+            std::string::npos);
+  hh = {};
+  hh.beta2 = 1.5;
+  EXPECT_NE(run(t, hh, {}, optimizer::lamb).find("beta2"), std::string::npos);
+  hh = {};
+  hh.momentum = 1.0;
+  EXPECT_NE(run(views_of(x, 1), hh, {}, optimizer::lars).find("momentum"), std::string::npos);
   EXPECT_TRUE(snapshot(x) == before); // nothing written by a refused call
   std::vector<std::int64_t> sk(2, 0);
   EXPECT_NE(message_of([&] {

@@ -344,6 +344,10 @@ def optimizer_step(
     offset: int,
     threads: int,
     stream: int,
+    max_trust_ratio: float = ...,
+    trust_coefficient: float = ...,
+    adapt: bool = ...,
+    bias_correction: bool = ...,
 ) -> None: ...
 
 def optimizer_step_raw(
@@ -369,6 +373,10 @@ def optimizer_step_raw(
     offset: int,
     threads: int,
     stream: int,
+    max_trust_ratio: float = ...,
+    trust_coefficient: float = ...,
+    adapt: bool = ...,
+    bias_correction: bool = ...,
 ) -> None: ...
 
 

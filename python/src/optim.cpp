@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,14 +25,14 @@ namespace {
 namespace k = kernels;
 
 k::optimizer parse_optimizer(const std::string& s) {
-  for (k::optimizer o :
-       {k::optimizer::adam, k::optimizer::adamw, k::optimizer::stable_adamw, k::optimizer::sgd,
-        k::optimizer::lion, k::optimizer::rmsprop, k::optimizer::adagrad})
+  for (k::optimizer o : {k::optimizer::adam, k::optimizer::adamw, k::optimizer::stable_adamw,
+                         k::optimizer::sgd, k::optimizer::lion, k::optimizer::rmsprop,
+                         k::optimizer::adagrad, k::optimizer::lamb, k::optimizer::lars})
     if (s == k::optimizer_name(o))
       return o;
   fail(errc::invalid_argument, "optimizer '" + s +
                                    "': expected one of adam, adamw, stable_adamw, sgd, lion, "
-                                   "rmsprop, adagrad");
+                                   "rmsprop, adagrad, lamb, lars");
 }
 
 k::codebook_rounding parse_rounding(const std::string& s) {
@@ -75,10 +76,16 @@ void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, t
   }
 }
 
+// LAMB's and LARS' trust-ratio settings (keyword arguments of both entries below).
+struct trust_args {
+  double max_trust_ratio, trust_coefficient;
+  bool adapt, bias_correction;
+};
+
 // The hyper-parameters and the configuration of one step, as both entries below take them.
 k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, double weight_decay,
                             double momentum, double dampening, bool nesterov, double lr_decay,
-                            bool maximize, std::int64_t step) {
+                            bool maximize, std::int64_t step, const trust_args& tr) {
   k::optim_hparams h;
   h.lr = lr;
   h.beta1 = beta1;
@@ -91,6 +98,10 @@ k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, d
   h.lr_decay = lr_decay;
   h.maximize = maximize;
   h.step = step;
+  h.max_trust_ratio = tr.max_trust_ratio;
+  h.trust_coefficient = tr.trust_coefficient;
+  h.adapt = tr.adapt;
+  h.bias_correction = tr.bias_correction;
   return h;
 }
 
@@ -109,10 +120,12 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
                           double momentum, double dampening, bool nesterov, double lr_decay,
                           bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
                           const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
-                          std::int64_t threads, std::uintptr_t stream) {
+                          std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
+                          double trust_coefficient, bool adapt, bool bias_correction) {
   const k::optimizer o = parse_optimizer(optimizer);
-  const k::optim_hparams h = hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening,
-                                        nesterov, lr_decay, maximize, step);
+  const k::optim_hparams h =
+      hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay,
+                 maximize, step, {max_trust_ratio, trust_coefficient, adapt, bias_correction});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   std::vector<taken> held(tensors.size());
@@ -151,10 +164,12 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
                               double dampening, bool nesterov, double lr_decay, bool maximize,
                               std::int64_t step, std::uintptr_t skipped, std::int64_t block,
                               const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
-                              std::int64_t threads, std::uintptr_t stream) {
+                              std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
+                              double trust_coefficient, bool adapt, bool bias_correction) {
   const k::optimizer o = parse_optimizer(optimizer);
-  const k::optim_hparams h = hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening,
-                                        nesterov, lr_decay, maximize, step);
+  const k::optim_hparams h =
+      hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay,
+                 maximize, step, {max_trust_ratio, trust_coefficient, adapt, bias_correction});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   cfg.check_device_memory = false;
   const k::exec ex = exec_of(threads, stream);
@@ -252,6 +267,9 @@ void bind_optim(py::module_& m) {
         py::arg("dampening"), py::arg("nesterov"), py::arg("lr_decay"), py::arg("maximize"),
         py::arg("step"), py::arg("skipped"), py::arg("block"), py::arg("rounding"), py::arg("seed"),
         py::arg("offset"), py::arg("threads"), py::arg("stream"),
+        py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
+        py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
+        py::arg("bias_correction") = true,
         "optimizer_step over raw data pointers of contiguous tensors the caller owns (the torch "
         "layer's fast path; no DLPack exchange, no device-memory query).");
   m.def("optimizer_step", &optimizer_step, py::arg("optimizer"), py::arg("tensors"), py::arg("lr"),
@@ -259,7 +277,9 @@ void bind_optim(py::module_& m) {
         py::arg("momentum"), py::arg("dampening"), py::arg("nesterov"), py::arg("lr_decay"),
         py::arg("maximize"), py::arg("step"), py::arg("skipped"), py::arg("block"),
         py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("threads"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
+        py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
+        py::arg("bias_correction") = true,
         "One fused optimizer step over tensors, a list of (param, grad, state1, state2, absmax1, "
         "absmax2) with None for the states not kept, updated in place "
         "(kernels/include/lowbit/kernels/optim.hpp).");

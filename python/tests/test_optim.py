@@ -125,6 +125,145 @@ def test_32bit_variants_stay_within_a_few_ulps_of_torch_per_step(case):
     assert worst_s <= STATE_UNITS, (lcls.__name__, kw, worst_s)
 
 
+# ---- LAMB and LARS (no torch.optim counterpart) against a float64 evaluation, step by step -----
+
+def _lamb64(p, g, m, v, step, lr, b1, b2, eps, wd, max_tr, bias_correction=True, adapt=True):
+    p, g, m, v = p.double(), g.double(), m.double(), v.double()
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    c1 = 1 - b1 ** step if bias_correction else 1.0
+    c2 = 1 - b2 ** step if bias_correction else 1.0
+    a = (m / c1) / ((v / c2).sqrt() + eps)
+    u = a + wd * p
+    pn, un = float(p.norm()), float(u.norm())
+    r = min(pn / un, max_tr) if adapt and pn > 0 and un > 0 else 1.0
+    # The step's size: its operands' magnitudes (u's two terms may cancel).
+    return p - lr * r * u, m, v, lr * r * (a.abs() + wd * p.abs())
+
+
+def _lars64(p, g, buf, step, lr, mom, damp, wd, tc, eps, nesterov, max_tr):
+    p, g = p.double(), g.double()
+    pn, gn = float(p.norm()), float(g.norm())
+    r = min(tc * pn / (gn + wd * pn + eps), max_tr) if pn > 0 and gn > 0 else 1.0
+    d = (g + wd * p) * r
+    size = (g.abs() + wd * p.abs()) * r  # the operands' magnitudes: the terms may cancel
+    if mom != 0:
+        buf0 = buf.double()
+        buf = d if step == 1 else mom * buf0 + (1 - damp) * d
+        size = size + buf.abs() + buf0.abs()
+        d = d + mom * buf if nesterov else buf
+    return p - lr * d, buf, lr * size
+
+
+TRUST_CASES = [
+    (lo.LAMB, dict(lr=1e-2, weight_decay=0.01)),
+    (lo.LAMB, dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.0, max_trust_ratio=0.5,
+                   bias_correction=False)),
+    (lo.LARS, dict(lr=0.5, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.02)),
+    (lo.LARS, dict(lr=1.0, momentum=0.9, nesterov=True, weight_decay=0.01, max_trust_ratio=1e-3)),
+    (lo.LARS, dict(lr=0.1, momentum=0.0, trust_coefficient=0.5, dampening=0.0)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRUST_CASES)))
+def test_lamb_and_lars_32bit_follow_their_float64_equations_per_tensor(case):
+    """Two tensors of different scales in one group (each its own trust ratio), ten steps, each
+    judged from lowbit's own state: the parameter within 1e-5 of |p| plus the step's size (a few
+    float32 roundings per element, and the float32 sums of the norms, relative 2^-24 times their
+    tree depth of at most 16), the states within 1e-5 of their magnitudes."""
+    cls, kw = TRUST_CASES[case]
+    g = torch.Generator().manual_seed(40 + case)
+    ps = [torch.nn.Parameter(torch.randn(3000, generator=g) * 3.0),
+          torch.nn.Parameter(torch.randn(40, 25, generator=g) * 0.01)]
+    opt = cls(ps, bits=32, **kw)
+    hp = opt.param_groups[0]
+    max_tr = float("inf") if hp["max_trust_ratio"] is None else hp["max_trust_ratio"]
+    for step in range(1, 11):
+        for k, p in enumerate(ps):
+            p.grad = torch.randn(p.shape, generator=g) * (0.1 if k == 0 else 10.0)
+        before = [(p.detach().clone(), p.grad.clone(),
+                   {n: v.clone() for n, v in opt.state[p].items()
+                    if isinstance(v, torch.Tensor)}) for p in ps]
+        opt.step()
+        for p, (p0, g0, st) in zip(ps, before):
+            if cls is lo.LAMB:
+                zero = torch.zeros_like(p0)
+                want, m, v, size = _lamb64(
+                    p0, g0, st.get("exp_avg", zero), st.get("exp_avg_sq", zero), step, hp["lr"],
+                    hp["betas"][0], hp["betas"][1], hp["eps"], hp["weight_decay"], max_tr,
+                    hp["bias_correction"])
+                states = {"exp_avg": (m, hp["betas"][0] * st.get("exp_avg", zero).abs() +
+                                      (1 - hp["betas"][0]) * g0.abs()),
+                          "exp_avg_sq": (v, v)}
+            else:
+                buf0 = st.get("momentum_buffer", torch.zeros_like(p0))
+                want, buf, size = _lars64(p0, g0, buf0, step, hp["lr"], hp["momentum"],
+                                          hp["dampening"], hp["weight_decay"],
+                                          hp["trust_coefficient"], hp["eps"], hp["nesterov"],
+                                          max_tr)
+                # The buffer's operands' magnitudes: the step's size without lr.
+                states = {"momentum_buffer": (buf, size / hp["lr"])} if \
+                    hp["momentum"] != 0 else {}
+            err = (p.detach().double() - want).abs()
+            assert bool((err <= 1e-5 * (p0.double().abs() + size) + 1e-30).all()), \
+                (cls.__name__, kw, step, float(err.max()))
+            for name, (ref, mag) in states.items():
+                d = (opt.state[p][name].double() - ref.double()).abs()
+                assert bool((d <= 1e-5 * mag.double().abs() + 1e-30).all()), (name, step)
+
+
+def test_lamb_trust_ratio_sets_each_tensors_step_to_lr_times_its_norm():
+    """The point of LAMB: each tensor moves by lr ||p|| whatever the gradient's scale (1 where a
+    norm is 0, the clamp where it bites); always_adapt=False with weight_decay 0 is the plain
+    step lr u."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.nn.Parameter(torch.randn(1000, generator=g) * 5.0)
+    b = torch.nn.Parameter(torch.randn(1000, generator=g) * 0.01)
+    z = torch.nn.Parameter(torch.zeros(100))
+    opt = lo.LAMB([a, b, z], lr=0.01, weight_decay=0.0)
+    olds = [t.detach().clone() for t in (a, b, z)]
+    for t, scale in zip((a, b, z), (1e-4, 1e3, 1.0)):
+        t.grad = torch.randn(t.shape, generator=g) * scale
+    opt.step()
+    for t, old in zip((a, b), olds):
+        ratio = float((t.detach() - old).norm() / old.norm())
+        assert abs(ratio - 0.01) < 1e-5, ratio
+    # ||p|| = 0: ratio 1, the first step of Adam with bias correction: |u| ~ 1 per element.
+    assert float((z.detach() - olds[2]).abs().max()) == pytest.approx(0.01, rel=1e-3)
+    # The clamp (||p|| / ||u|| is about 5 here) and no adaptation: steps lr 0.1 u and lr u (the
+    # parameters' float32 rounding, an ulp of 5 against steps of 1e-3, moves the norm by < 1e-3).
+    zero = torch.zeros_like(olds[0])
+    for extra, max_tr, adapt in [(dict(max_trust_ratio=0.1), 0.1, True),
+                                 (dict(always_adapt=False), float("inf"), False)]:
+        c = torch.nn.Parameter(olds[0].clone())
+        opt = lo.LAMB([c], lr=0.01, weight_decay=0.0, **extra)
+        c.grad = a.grad.clone()
+        opt.step()
+        want = _lamb64(olds[0], a.grad, zero, zero, 1, 0.01, 0.9, 0.999, 1e-6, 0.0, max_tr,
+                       adapt=adapt)[0]
+        moved, want_moved = (c.detach() - olds[0]).norm(), (want - olds[0].double()).norm()
+        assert float(moved / want_moved) == pytest.approx(1.0, abs=1e-3), extra
+
+
+def test_lamb_and_lars_reject_bad_hyper_parameters():
+    p = [torch.nn.Parameter(torch.ones(3))]
+    with pytest.raises(ValueError, match="max_trust_ratio"):
+        lo.LAMB(p, max_trust_ratio=0.0)
+    with pytest.raises(ValueError, match="max_trust_ratio"):
+        lo.LARS8bit(p, max_trust_ratio=-1.0)
+    with pytest.raises(ValueError, match="trust_coefficient"):
+        lo.LARS(p, trust_coefficient=0.0)
+    with pytest.raises(ValueError, match="beta"):
+        lo.LAMB(p, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="Nesterov"):
+        lo.LARS(p, momentum=0.0, nesterov=True)
+    opt = lo.LAMB(p)
+    opt.param_groups[0]["max_trust_ratio"] = 0.0  # per-group values are checked at the step
+    p[0].grad = torch.ones(3)
+    with pytest.raises(ValueError, match="max_trust_ratio"):
+        opt.step()
+
+
 def test_lr_schedulers_and_param_groups_follow_torch():
     g = torch.Generator().manual_seed(5)
     a0, b0 = torch.randn(500, generator=g), torch.randn(70, generator=g)
@@ -201,6 +340,8 @@ TRAJECTORIES = [
     (lo.Lion, dict(lr=3e-4, weight_decay=0.1)),
     (lo.RMSprop, dict(lr=1e-3)),
     (lo.Adagrad, dict(lr=0.05)),
+    (lo.LAMB, dict(lr=1e-2)),
+    (lo.LARS, dict(lr=1.0, trust_coefficient=0.01)),
 ]
 
 # The mean loss of the last 20 of 300 steps with 8-bit states, against the same run with 32-bit
@@ -228,6 +369,8 @@ def test_8bit_trajectory_follows_32bit(cls, kw):
     (lo.Lion8bit, {}), (lo.AdamW8bit, dict(stochastic_rounding=True, seed=3)),
     (lo.AdamW, {}), (lo.Adagrad8bit, dict(initial_accumulator_value=0.1)),
     (lo.AdamW8bit, dict(percentile_clipping=5)), (lo.Lion, dict(percentile_clipping=50)),
+    (lo.LAMB8bit, {}), (lo.LAMB8bit, dict(max_trust_ratio=2.0, bias_correction=False)),
+    (lo.LARS8bit, dict(trust_coefficient=0.02)), (lo.LARS, dict(nesterov=True)),
 ])
 def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
     kw = dict(kw, lr=1e-3, min_8bit_size=256)
@@ -464,7 +607,8 @@ def test_percentile_clipping_leaves_p_grad_alone_and_rejects_bad_values():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls,kw", [(lo.AdamW8bit, {}), (lo.StableAdamW8bit, {}),
                                     (lo.SGD8bit, dict(momentum=0.9)), (lo.Lion8bit, {}),
-                                    (lo.AdamW, {})])
+                                    (lo.AdamW, {}), (lo.LAMB8bit, {}), (lo.LAMB, {}),
+                                    (lo.LARS8bit, {})])
 def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
     cpu = _mlp(5)
     gpu = copy.deepcopy(cpu).cuda()

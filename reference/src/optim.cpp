@@ -24,9 +24,10 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
   const std::size_t n = x.p.size();
   if (x.g.size() != n)
     throw std::invalid_argument("optimizer_step_exact: g and p differ in size");
-  const bool two =
-      rule == optim_rule::adam || rule == optim_rule::adamw || rule == optim_rule::stable_adamw;
-  const bool one = !two && !(rule == optim_rule::sgd && h.momentum == 0.0);
+  const bool two = rule == optim_rule::adam || rule == optim_rule::adamw ||
+                   rule == optim_rule::stable_adamw || rule == optim_rule::lamb;
+  const bool one =
+      !two && !((rule == optim_rule::sgd || rule == optim_rule::lars) && h.momentum == 0.0);
   if ((one || two) && x.s1.size() != n)
     throw std::invalid_argument("optimizer_step_exact: s1 and p differ in size");
   if (two && x.s2.size() != n)
@@ -56,6 +57,42 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
     const hp rms = n > 0 ? hp(sqrt(sum / hp(static_cast<double>(n)))) : hp(0);
     r.rms = static_cast<double>(rms);
     eta = lr / std::max(hp(1), rms);
+  }
+  // LAMB: the new moments and the direction u first, for ||u||; LARS: the norms.
+  std::vector<hp> mnew, unew;
+  hp ratio = 1;
+  if (rule == optim_rule::lamb || rule == optim_rule::lars) {
+    hp sp = 0, sq = 0;
+    if (rule == optim_rule::lamb) {
+      const hp c1 = h.bias_correction ? 1 - pow(b1, t) : hp(1);
+      const hp c2 = h.bias_correction ? 1 - pow(b2, t) : hp(1);
+      mnew.resize(n);
+      vnew.resize(n);
+      unew.resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const hp g = g_of(i), p = x.p[i];
+        mnew[i] = b1 * hp(x.s1[i]) + (1 - b1) * g;
+        vnew[i] = b2 * hp(x.s2[i]) + (1 - b2) * g * g;
+        unew[i] = (mnew[i] / c1) / (sqrt(vnew[i] / c2) + eps) + wd * p;
+        sp += p * p;
+        sq += unew[i] * unew[i];
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        sp += hp(x.p[i]) * hp(x.p[i]);
+        sq += hp(x.g[i]) * hp(x.g[i]);
+      }
+    }
+    const hp pn = sqrt(sp), qn = sqrt(sq);
+    r.norm_p = static_cast<double>(pn);
+    r.norm_q = static_cast<double>(qn);
+    if (h.adapt && pn > 0 && qn > 0) {
+      ratio = rule == optim_rule::lamb ? hp(pn / qn)
+                                       : hp(hp(h.trust_coefficient) * pn / (qn + wd * pn + eps));
+      if (ratio > hp(h.max_trust_ratio))
+        ratio = h.max_trust_ratio;
+    }
+    r.ratio = static_cast<double>(ratio);
   }
   for (std::size_t i = 0; i < n; ++i) {
     hp p = x.p[i], g = g_of(i);
@@ -110,6 +147,22 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
       const hp s = hp(x.s1[i]) + g * g;
       p = p - lr / (1 + (t - 1) * hp(h.lr_decay)) * g / (sqrt(s) + eps);
       r.s1[i] = static_cast<double>(s);
+      break;
+    }
+    case optim_rule::lamb:
+      p = p - lr * ratio * unew[i];
+      r.s1[i] = static_cast<double>(mnew[i]);
+      r.s2[i] = static_cast<double>(vnew[i]);
+      break;
+    case optim_rule::lars: {
+      g = (g + wd * p) * ratio;
+      if (h.momentum != 0.0) {
+        const hp mom = h.momentum;
+        const hp buf = h.step == 1 ? g : mom * hp(x.s1[i]) + (1 - hp(h.dampening)) * g;
+        g = h.nesterov ? g + mom * buf : buf;
+        r.s1[i] = static_cast<double>(buf);
+      }
+      p = p - lr * g;
       break;
     }
     }

@@ -42,6 +42,7 @@ _HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_TRUST_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction")
 # master_weights: the residual's bits and storage dtype.
 _MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
 _RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
@@ -316,12 +317,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
                     hp.get("dampening", 0.0), hp.get("nesterov", False), hp.get("lr_decay", 0.0),
                     hp.get("maximize", False), step, skipped.data_ptr(), self.block_size,
                     rounding, self.seed, self.rng_offset, 0)
+            # LAMB's and LARS' trust-ratio settings, keyword arguments of the entry.
+            trust = {k: hp[k] for k in _TRUST_ARGS if k in hp}
             if device.type == "cuda":
                 with torch.cuda.device(device):
                     _core.optimizer_step_raw(
-                        *args, int(torch.cuda.current_stream(device).cuda_stream))
+                        *args, int(torch.cuda.current_stream(device).cuda_stream), **trust)
             elif device.type == "cpu":
-                _core.optimizer_step_raw(*args, 0)
+                _core.optimizer_step_raw(*args, 0, **trust)
             else:
                 raise RuntimeError(f"{type(self).__name__}: parameters on {device} are not "
                                    "supported (CPU and CUDA only)")

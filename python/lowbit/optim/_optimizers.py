@@ -11,9 +11,9 @@ from typing import Any, Iterable, Optional
 from lowbit.optim._base import LowbitOptimizer
 
 __all__ = [
-    "Adam", "AdamW", "StableAdamW", "SGD", "Lion", "RMSprop", "Adagrad",
+    "Adam", "AdamW", "StableAdamW", "SGD", "Lion", "RMSprop", "Adagrad", "LAMB", "LARS",
     "Adam8bit", "AdamW8bit", "StableAdamW8bit", "SGD8bit", "Lion8bit", "RMSprop8bit",
-    "Adagrad8bit",
+    "Adagrad8bit", "LAMB8bit", "LARS8bit",
 ]
 
 
@@ -191,6 +191,102 @@ class Adagrad(LowbitOptimizer):
                     weight_decay=g["weight_decay"], maximize=g["maximize"])
 
 
+def _max_trust_ratio(value: Optional[float]) -> float:
+    """The kernel's clamp of the trust ratio: None is no clamp (infinity)."""
+    if value is None:
+        return float("inf")
+    if not float(value) > 0.0:
+        raise ValueError(f"invalid max_trust_ratio: {value!r} (expected > 0, or None for no "
+                         "clamp)")
+    return float(value)
+
+
+class LAMB(LowbitOptimizer):
+    """LAMB (You et al., ICLR 2020, Algorithm 2 with the AdamW direction): m and v as Adam's,
+    u = m_hat / (sqrt(v_hat) + eps) + weight_decay p (m_hat, v_hat bias-corrected unless
+    ``bias_correction=False``), and per tensor p -= lr r u with the trust ratio
+    r = min(||p|| / ||u||, max_trust_ratio) (1 where either norm is 0; ``max_trust_ratio=None``:
+    no clamp). ``always_adapt=False`` takes r = 1 in param groups with weight_decay 0 (biases and
+    norms, as NVIDIA apex's FusedLAMB and timm's Lamb do by default); the norms are over the whole
+    tensor, computed in the same call before any parameter is written."""
+
+    _kernel = "lamb"
+    _states = (("exp_avg", True), ("exp_avg_sq", False))
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 1e-2, *, bias_correction: bool = True,
+                 max_trust_ratio: Optional[float] = None, always_adapt: bool = True,
+                 maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        _check("beta parameter at index 0", betas[0], 0.0, 1.0)
+        _check("beta parameter at index 1", betas[1], 0.0, 1.0)
+        if eps < 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r}")
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
+        _max_trust_ratio(max_trust_ratio)
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay,
+                                      bias_correction=bool(bias_correction),
+                                      max_trust_ratio=max_trust_ratio,
+                                      always_adapt=bool(always_adapt), maximize=maximize), **cfg)
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                    weight_decay=g["weight_decay"], maximize=g["maximize"],
+                    max_trust_ratio=_max_trust_ratio(g["max_trust_ratio"]),
+                    adapt=bool(g["always_adapt"] or g["weight_decay"] != 0),
+                    bias_correction=bool(g["bias_correction"]))
+
+
+class LARS(LowbitOptimizer):
+    """LARS (You, Gitman, Ginsburg 2017) over torch's SGD: per tensor the local learning rate
+    r = min(trust_coefficient ||p|| / (||g|| + weight_decay ||p|| + eps), max_trust_ratio) (1
+    where either norm is 0), the gradient g' = (g + weight_decay p) r, then SGD's momentum,
+    dampening and Nesterov on g' and p -= lr g' (timm's Lars without trust_clip). A 32- or 8-bit
+    momentum buffer (none without momentum). ``always_adapt=False`` takes r = 1 in param groups
+    with weight_decay 0."""
+
+    _kernel = "lars"
+    _states = (("momentum_buffer", True),)
+
+    def __init__(self, params: Iterable[Any], lr: float = 1.0, momentum: float = 0.9,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 trust_coefficient: float = 1e-3, eps: float = 1e-8, *,
+                 max_trust_ratio: Optional[float] = None, always_adapt: bool = True,
+                 maximize: bool = False, **kw: Any) -> None:
+        _lr(lr)
+        _check("momentum value", momentum, 0.0, 1.0)
+        _check("dampening value", dampening, 0.0, 1.0, hi_open=False)
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        if not trust_coefficient > 0.0:
+            raise ValueError(f"invalid trust_coefficient: {trust_coefficient!r} (expected > 0)")
+        if eps < 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r}")
+        _max_trust_ratio(max_trust_ratio)
+        cfg = dict(_common, **kw)
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov,
+                                      trust_coefficient=trust_coefficient, eps=eps,
+                                      max_trust_ratio=max_trust_ratio,
+                                      always_adapt=bool(always_adapt), maximize=maximize), **cfg)
+
+    def _n_states(self, g: dict[str, Any]) -> int:
+        return 1 if g["momentum"] != 0 else 0
+
+    def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
+        return dict(lr=float(g["lr"]), momentum=g["momentum"], dampening=g["dampening"],
+                    weight_decay=g["weight_decay"], nesterov=g["nesterov"], eps=g["eps"],
+                    maximize=g["maximize"], trust_coefficient=g["trust_coefficient"],
+                    max_trust_ratio=_max_trust_ratio(g["max_trust_ratio"]),
+                    adapt=bool(g["always_adapt"] or g["weight_decay"] != 0))
+
+
 def _eight_bit(base: type) -> type:
     def __init__(self: Any, params: Iterable[Any], *args: Any, bits: int = 8,
                  **kw: Any) -> None:
@@ -212,3 +308,5 @@ SGD8bit = _eight_bit(SGD)
 Lion8bit = _eight_bit(Lion)
 RMSprop8bit = _eight_bit(RMSprop)
 Adagrad8bit = _eight_bit(Adagrad)
+LAMB8bit = _eight_bit(LAMB)
+LARS8bit = _eight_bit(LARS)

@@ -1,42 +1,62 @@
 // Fused optimizer steps with 32-bit or 8-bit block-wise states (Dettmers et al., "8-bit
 // Optimizers via Block-wise Quantization", ICLR 2022; StableAdamW from Wortsman et al., NeurIPS
-// 2023). One call updates many parameter tensors of mixed sizes: each reads its parameter,
-// gradient and states (8-bit states dequantized from their codes and block absmax), updates in
-// float32, requantizes the states (nearest entry of the dynamic map: signed for first moments,
-// unsigned for second moments; optionally stochastic) and writes the parameter, in one pass over
-// memory (StableAdamW reads the gradient and second moment once more first, for its per-tensor
-// RMS). CPU twin and CUDA kernel agree bit for bit. Equations, state layout and the non-finite
-// rule: docs/techniques/optimizers.md.
+// 2023; LAMB from You et al., ICLR 2020; LARS from You, Gitman, Ginsburg, 2017). One call updates
+// many parameter tensors of mixed sizes: each reads its parameter, gradient and states (8-bit
+// states dequantized from their codes and block absmax), updates in float32, requantizes the states
+// (nearest entry of the dynamic map: signed for first moments, unsigned for second moments;
+// optionally stochastic) and writes the parameter, in one pass over memory (StableAdamW, LAMB and
+// LARS read what their per-tensor RMS or norms need once more first). CPU twin and CUDA kernel
+// agree bit for bit. Equations, state layout and the non-finite rule:
+// docs/techniques/optimizers.md.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include <lowbit/kernels/blockwise.hpp>
 #include <lowbit/kernels/tensor.hpp>
 
 namespace lowbit::kernels {
 
-enum class optimizer : std::uint8_t { adam, adamw, stable_adamw, sgd, lion, rmsprop, adagrad };
+enum class optimizer : std::uint8_t {
+  adam,
+  adamw,
+  stable_adamw,
+  sgd,
+  lion,
+  rmsprop,
+  adagrad,
+  lamb,
+  lars
+};
 
 const char* optimizer_name(optimizer o);
 
 // Hyper-parameters of one step (a torch param group's). `step` is the step being taken, from 1.
 struct optim_hparams {
   double lr = 1e-3;
-  double beta1 = 0.9;   // adam family, lion
-  double beta2 = 0.999; // adam family, lion; rmsprop's alpha
+  double beta1 = 0.9;   // adam family, lion, lamb
+  double beta2 = 0.999; // adam family, lion, lamb; rmsprop's alpha
   double eps = 1e-8;
-  double weight_decay = 0.0; // decoupled for adamw, stable_adamw, lion; L2 for the others
-  double momentum = 0.0;     // sgd
-  double dampening = 0.0;    // sgd
-  bool nesterov = false;     // sgd
+  double weight_decay = 0.0; // decoupled for adamw, stable_adamw, lion; in lamb's update and
+                             // lars' gradient (scaled by the trust ratio); L2 for the others
+  double momentum = 0.0;     // sgd, lars
+  double dampening = 0.0;    // sgd, lars
+  bool nesterov = false;     // sgd, lars
   double lr_decay = 0.0;     // adagrad
+  // lamb, lars: the trust ratio's upper clamp (infinity: none), lars' trust coefficient, whether
+  // the trust ratio is applied at all (false: 1, a plain AdamW-like / SGD step) and lamb's bias
+  // correction of the moments.
+  double max_trust_ratio = std::numeric_limits<double>::infinity();
+  double trust_coefficient = 1e-3;
+  bool adapt = true;
+  bool bias_correction = true;
   bool maximize = false;
   std::int64_t step = 1;
 };
 
-// The number of state tensors an optimizer keeps: 2 for the adam family, 1 for lion, rmsprop,
-// adagrad and sgd with momentum, 0 for plain sgd.
+// The number of state tensors an optimizer keeps: 2 for the adam family and lamb, 1 for lion,
+// rmsprop, adagrad and sgd or lars with momentum, 0 for plain sgd or lars.
 int optimizer_states(optimizer o, const optim_hparams& h);
 // Whether state k (0 or 1) is quantized with the signed dynamic map (first moments, momentum) or
 // the unsigned one (second moments, sums of squares).

@@ -6,13 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include <lowbit/reference/blockwise.hpp>
 
 namespace lowbit::reference {
 
-enum class optim_rule { adam, adamw, stable_adamw, sgd, lion, rmsprop, adagrad };
+enum class optim_rule { adam, adamw, stable_adamw, sgd, lion, rmsprop, adagrad, lamb, lars };
 
 // The hyper-parameters as the caller gave them (doubles, used exactly).
 struct optim_settings {
@@ -22,6 +23,10 @@ struct optim_settings {
   double lr_decay = 0.0;
   bool maximize = false;
   std::int64_t step = 1;
+  double max_trust_ratio = std::numeric_limits<double>::infinity(); // lamb, lars
+  double trust_coefficient = 1e-3;                                  // lars
+  bool adapt = true;                                                // lamb, lars
+  bool bias_correction = true;                                      // lamb
 };
 
 // One tensor's values before the step (finite): s1, s2 the states' values (dequantized for
@@ -31,10 +36,12 @@ struct optim_values {
 };
 
 // The step's results, each the 50-digit value rounded once to double. rms: StableAdamW's
-// sqrt(mean(g^2 / max(v_t, eps^2))) over the whole tensor.
+// sqrt(mean(g^2 / max(v_t, eps^2))) over the whole tensor. LAMB: norm_p = ||p||, norm_q = ||u||;
+// LARS: norm_p = ||p||, norm_q = ||g||; ratio: their trust ratio after the clamp (1 when off).
 struct optim_exact {
   std::vector<double> p, s1, s2;
   double rms = 0.0;
+  double norm_p = 0.0, norm_q = 0.0, ratio = 1.0;
 };
 
 // Equations (t = step, every optimizer's g negated first under maximize):
@@ -49,6 +56,12 @@ struct optim_exact {
 //   lion:  p *= 1 - lr wd; p -= lr sign(b1 m + (1-b1) g); m = b2 m + (1-b2) g
 //   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2); p -= lr g / (sqrt(v) + eps)
 //   adagrad: g += wd p; s += g^2; p -= lr/(1 + (t-1) lr_decay) g / (sqrt(s) + eps)
+//   lamb:  m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = (m/c1) / (sqrt(v/c2) + eps) + wd p
+//          (c1 = 1-b1^t, c2 = 1-b2^t with bias correction, else 1); r = ||p|| / ||u|| (1 where
+//          either is 0 or adapt is off), r = min(r, max_trust_ratio); p -= lr r u
+//   lars:  r = tc ||p|| / (||g|| + wd ||p|| + eps) (1 where either norm is 0 or adapt is off),
+//          r = min(r, max_trust_ratio); d = (g + wd p) r; buf = d (t = 1) or mom buf
+//          + (1-damp) d; d = d + mom buf (nesterov) or buf; p -= lr d (no state without momentum)
 optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const optim_values& x);
 
 // Block-wise quantization of exact state values s: absmax[b] = max |s| over block b, y[i] =
