@@ -28,9 +28,8 @@ dtype float_dtype(int code, const char* what) {
   case 1: return dtype::bfloat16;
   case 2: return dtype::float16;
   default:
-    fail(errc::invalid_argument,
-         std::string(what) + ": dtype code " + std::to_string(code) +
-             " (expected 0 float32, 1 bfloat16, 2 float16)");
+    fail(errc::invalid_argument, std::string(what) + ": dtype code " + std::to_string(code) +
+                                     " (expected 0 float32, 1 bfloat16, 2 float16)");
   }
 }
 
@@ -112,10 +111,10 @@ void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape
 
 void bind_actquant(py::module_& m) {
   m.def("actquant_quantize_raw", &quantize_raw, py::arg("x"), py::arg("x_dtype"), py::arg("shape"),
-        py::arg("dim"), py::arg("group_size"), py::arg("codes"), py::arg("alpha"),
-        py::arg("beta"), py::arg("quantize"), py::arg("update"), py::arg("momentum"),
-        py::arg("rounding"), py::arg("random_bits"), py::arg("seed"), py::arg("offset"),
-        py::arg("device_type"), py::arg("device_index"), py::arg("threads"), py::arg("stream"),
+        py::arg("dim"), py::arg("group_size"), py::arg("codes"), py::arg("alpha"), py::arg("beta"),
+        py::arg("quantize"), py::arg("update"), py::arg("momentum"), py::arg("rounding"),
+        py::arg("random_bits"), py::arg("seed"), py::arg("offset"), py::arg("device_type"),
+        py::arg("device_index"), py::arg("threads"), py::arg("stream"),
         "Per-group 8-bit activation quantization over raw pointers of contiguous tensors "
         "(kernels/include/lowbit/kernels/actquant.hpp): codes (uint8) from x (dtype code 0 "
         "float32, 1 bfloat16, 2 float16), alpha and beta (float32, one per group) updated in "
