@@ -181,9 +181,10 @@ def _unstash(ctx) -> list:
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, quant, dtype):
+        xc = x.to(dtype)
         with torch.autocast(x.device.type, enabled=False):
-            y = F.linear(x.to(dtype), weight.to(dtype), _cast(bias, dtype))
-        packed = quant.pack(x.to(dtype)) if ctx.needs_input_grad[1] else ()
+            y = F.linear(xc, weight.to(dtype), _cast(bias, dtype))
+        packed = quant.pack(xc) if ctx.needs_input_grad[1] else ()
         ctx.quant, ctx.dtype, ctx.x_dtype, ctx.has_bias = quant, dtype, x.dtype, bias is not None
         ctx.n_packed = len(packed)
         _stash(ctx, [*packed, weight, bias])
@@ -756,15 +757,21 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     return model
 
 
-def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
+def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Optional[nn.Module] = None) -> int:
     """Bytes of the tensors autograd keeps for the backward of ``fn()`` (saved-tensor hooks;
-    storages counted once), for the memory accounting of docs/techniques/mesa.md."""
+    storages counted once), for the memory accounting of docs/techniques/mesa.md. The storages
+    of ``exclude``'s parameters and buffers (which exist anyway) are not counted."""
+    skip = set()
+    if exclude is not None:
+        skip = {t.untyped_storage().data_ptr()
+                for t in [*exclude.parameters(), *exclude.buffers()]}
     seen: dict = {}
 
     def pack(t: torch.Tensor):
         try:
             key = t.untyped_storage().data_ptr()
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+            if key not in skip:
+                seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         except RuntimeError:
             pass
         return t
