@@ -37,6 +37,10 @@ layout layout_of(const tensor_view& x, const actquant_groups& g) {
   l.run = inner * g.group_size;
   if (l.run < 1)
     l.run = 1; // empty x
+  // One group: every element in the same run (a power of two, so that any vector width divides
+  // it), which spares the drivers a division per run.
+  if (l.groups == 1)
+    l.run = std::int64_t{1} << 62;
   return l;
 }
 

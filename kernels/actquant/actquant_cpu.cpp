@@ -56,9 +56,17 @@ template <class In> void quantize_elements(const actquant_problem& p, const exec
       const std::int64_t g = p.group(i);
       const ops::estimate est{p.alpha[g], p.beta[g]};
       const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
+      if (!stochastic) {
+        for (; i < end; ++i)
+          codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, 0u);
+        continue;
+      }
+      // One Philox evaluation per four elements (element i draws word i % 4 of block i / 4).
+      emu::philox_block blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
       for (; i < end; ++i) {
-        const std::uint32_t rb = stochastic ? p.rng.bits(static_cast<std::uint64_t>(i)) : 0u;
-        codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, rb);
+        if ((i & 3) == 0)
+          blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
+        codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, blk.v[i & 3]);
       }
     }
   });
