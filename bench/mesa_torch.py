@@ -13,7 +13,8 @@ training step. Variants: `bf16` (the model as it is, attention by scaled_dot_pro
 as timm runs it), `bf16_explicit` (softmax(q k^T) v written out, timm's fused_attn=False),
 `mesa_explicit` (lowbit.nn.mesa.convert, the paper's attention core: q, k, the softmax output
 and v saved in 8 bits), `mesa_sdpa` (Mesa with the fused attention core recomputed in backward
-from 8-bit q, k, v). For each:
+from 8-bit q, k, v), and both with `_lagged` (each batch encoded by the estimates of the batches
+before it, updated from the same read: one pass over each saved tensor instead of two). For each:
 - activation_MiB: torch.cuda.max_memory_allocated during one training step minus the memory
   allocated when it starts (the parameters and the optimizer's states; the gradients are freed
   between steps, so they count in the step's peak, equally in every variant);
@@ -112,7 +113,7 @@ def build(variant: str, cfg: dict, device: str) -> nn.Module:
     if variant.startswith("mesa"):
         import lowbit.nn.mesa as mesa
 
-        mesa.convert(model, core=variant.split("_")[1],
+        mesa.convert(model, core=variant.split("_")[1], lagged=variant.endswith("_lagged"),
                      filter=lambda name, m: name.startswith("blocks."))
     return model
 
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=300)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa")
+    ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa,"
+                    "mesa_explicit_lagged,mesa_sdpa_lagged")
     a = ap.parse_args(argv)
     cfg = dict(MODELS[a.model])
     if a.depth is not None:
@@ -230,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         r["overhead_vs_bf16"] = r["ms_per_step"] / base["ms_per_step"] - 1
     print(f"{a.model} x {cfg['depth']} blocks, batch {a.batch}, {TOKENS} tokens, bf16 autocast, "
           f"{a.device}")
-    print(f"{'variant':15s} {'act MiB':>9s} {'saved MiB':>10s} {'saved vs bf16':>14s} "
+    print(f"{'variant':21s} {'act MiB':>9s} {'saved MiB':>10s} {'saved vs bf16':>14s} "
           f"{'ms/step':>9s} {'img/s':>8s} {'overhead':>9s}")
     for r in rows:
         act = r.get("activation_MiB", math.nan)
-        print(f"{r['variant']:15s} {act:9.1f} {r['saved_MiB']:10.1f} "
+        print(f"{r['variant']:21s} {act:9.1f} {r['saved_MiB']:10.1f} "
               f"{100 * r['saved_vs_bf16']:13.1f}% {r['ms_per_step']:9.2f} "
               f"{r['images_per_s']:8.1f} {100 * r['overhead_vs_bf16']:8.1f}%")
     train = None

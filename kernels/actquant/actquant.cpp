@@ -118,6 +118,30 @@ void actquant_quantize(const tensor_view& x, const tensor_view& codes, const ten
   run_quantize(p, ex);
 }
 
+void actquant_quantize_lagged(const tensor_view& x, const tensor_view& codes,
+                              const tensor_view& alpha, const tensor_view& beta,
+                              const actquant_groups& g, const emu::policy& pol,
+                              const emu::random_stream& rng, float momentum, const exec& ex) {
+  actquant_problem p = problem_of(x, alpha, beta, g);
+  require_valid(codes, "codes");
+  require_dtype(codes, "codes", {dtype::uint8});
+  require_same_shape(x, "x", codes, "codes");
+  require_contiguous(codes, "codes");
+  require_same_device(codes, "codes", x, "x");
+  if (const char* why = emu::check_policy(pol))
+    throw error(errc::invalid_argument, std::string("policy: ") + why);
+  check_momentum(momentum);
+  if (x.dev.type == device_type::cuda && p.n > 0)
+    require_device_memory({&x, &codes, &alpha, &beta}, {"x", "codes", "alpha", "beta"});
+  p.codes = codes;
+  p.pol = pol;
+  p.rng = rng;
+  p.quantize = true;
+  p.lagged = true;
+  p.momentum = momentum;
+  run_quantize(p, ex);
+}
+
 void actquant_update(const tensor_view& x, const tensor_view& alpha, const tensor_view& beta,
                      const actquant_groups& g, float momentum, const exec& ex) {
   actquant_problem p = problem_of(x, alpha, beta, g);

@@ -5,7 +5,9 @@
 //   estimate_kernel  one thread per group: the running-estimate update of actquant_ops.hpp
 //   quantize         the flat map of cuda_map.cuh (16-byte loads), one estimate per chunk
 // so x is read twice (the estimates that quantize this call come from this call's statistics).
-// Without `update` only the last. Dequantize is one flat map.
+// Without `update` only the last. Lagged (actquant_quantize_lagged): minmax_kernel also writes the
+// codes from the estimates as they are, then estimate_kernel: one read of x. Dequantize is one
+// flat map.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,10 +26,21 @@ namespace ops = actquant_ops;
 constexpr int reduce_threads = 256;
 constexpr std::int64_t shared_groups = 2048; // 16 KiB of keys
 
-template <class In, int C>
+// What the lagged pass also needs: the codes it writes from the estimates as they are.
+struct lagged_codes {
+  std::uint8_t* codes = nullptr; // null: reduce only
+  const float* alpha = nullptr;
+  const float* beta = nullptr;
+  emu::policy pol{};
+  bool stochastic = false;
+  emu::random_stream rng{};
+};
+
+template <class In, int C, bool Quantize>
 __global__ void __launch_bounds__(reduce_threads)
     minmax_kernel(const In* __restrict__ x, std::int64_t n, std::int64_t span_vecs,
-                  ops::group_of grp, std::uint32_t* __restrict__ keys, bool in_shared) {
+                  ops::group_of grp, std::uint32_t* __restrict__ keys, bool in_shared,
+                  lagged_codes lc) {
   extern __shared__ std::uint32_t sh[];
   const std::int64_t groups = grp.groups;
   if (in_shared) {
@@ -41,11 +54,19 @@ __global__ void __launch_bounds__(reduce_threads)
   std::uint32_t* hi_dst = in_shared ? sh + groups : keys + groups;
   std::int64_t cur = -1;
   ops::minmax m;
+  ops::estimate est{};
   const auto flush = [&] {
     if (cur >= 0 && m.lo != ops::empty_min) {
       atomicMin(lo_dst + cur, m.lo);
       atomicMax(hi_dst + cur, m.hi);
     }
+  };
+  const auto enter = [&](std::int64_t g) {
+    flush();
+    cur = g;
+    m = ops::minmax{};
+    if constexpr (Quantize)
+      est = ops::estimate{__ldg(lc.alpha + g), __ldg(lc.beta + g)};
   };
   const std::int64_t nvec = n / C;
   const std::int64_t v0 = static_cast<std::int64_t>(blockIdx.x) * span_vecs;
@@ -53,24 +74,50 @@ __global__ void __launch_bounds__(reduce_threads)
   for (std::int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
     const vec<In, C> xv = *reinterpret_cast<const vec<In, C>*>(x + v * C);
     const std::int64_t g = grp(v * C); // C divides the run: one group per vector
-    if (g != cur) {
-      flush();
-      cur = g;
-      m = ops::minmax{};
-    }
+    if (g != cur)
+      enter(g);
+    float f[C];
 #pragma unroll
-    for (int j = 0; j < C; ++j)
-      m.add(element_ops::load(xv.v[j]));
+    for (int j = 0; j < C; ++j) {
+      f[j] = element_ops::load(xv.v[j]);
+      m.add(f[j]);
+    }
+    if constexpr (Quantize) {
+      std::uint32_t r[C] = {};
+      if (lc.stochastic) {
+        if constexpr (C % 4 == 0) {
+#pragma unroll
+          for (int h = 0; h < C; h += 4) {
+            const emu::philox_block b =
+                lc.rng.block(static_cast<std::uint64_t>(v * C + h) >> 2);
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              r[h + k] = b.v[k];
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < C; ++j)
+            r[j] = lc.rng.bits(static_cast<std::uint64_t>(v * C + j));
+        }
+      }
+      vec<std::uint8_t, C> cv;
+#pragma unroll
+      for (int j = 0; j < C; ++j)
+        cv.v[j] = ops::quantize(f[j], est, lc.pol, r[j]);
+      *reinterpret_cast<vec<std::uint8_t, C>*>(lc.codes + v * C) = cv;
+    }
   }
   if (blockIdx.x == gridDim.x - 1) { // the elements after the last whole vector
     for (std::int64_t i = nvec * C + threadIdx.x; i < n; i += blockDim.x) {
       const std::int64_t g = grp(i);
-      if (g != cur) {
-        flush();
-        cur = g;
-        m = ops::minmax{};
+      if (g != cur)
+        enter(g);
+      const float f = element_ops::load(x[i]);
+      m.add(f);
+      if constexpr (Quantize) {
+        const std::uint32_t rb = lc.stochastic ? lc.rng.bits(static_cast<std::uint64_t>(i)) : 0u;
+        lc.codes[i] = ops::quantize(f, est, lc.pol, rb);
       }
-      m.add(element_ops::load(x[i]));
     }
   }
   flush();
@@ -98,7 +145,8 @@ __global__ void estimate_kernel(float* __restrict__ alpha, float* __restrict__ b
   beta[g] = e.beta;
 }
 
-template <class In, int C> void launch_minmax(const actquant_problem& p, cudaStream_t s) {
+template <class In, int C, bool Quantize>
+void launch_minmax(const actquant_problem& p, cudaStream_t s) {
   const std::int64_t groups = p.group.groups;
   scratch keys(static_cast<std::size_t>(2 * groups) * sizeof(std::uint32_t), s);
   auto* k = keys.as<std::uint32_t>();
@@ -112,8 +160,17 @@ template <class In, int C> void launch_minmax(const actquant_problem& p, cudaStr
   const std::int64_t blocks = std::max<std::int64_t>(1, (nvec + span - 1) / span);
   const bool in_shared = groups <= shared_groups;
   const std::size_t smem = in_shared ? static_cast<std::size_t>(2 * groups) * 4 : 0;
-  minmax_kernel<In, C><<<static_cast<unsigned>(blocks), reduce_threads, smem, s>>>(
-      static_cast<const In*>(p.x.data), p.n, span, p.group, k, in_shared);
+  lagged_codes lc;
+  if constexpr (Quantize) {
+    lc.codes = static_cast<std::uint8_t*>(p.codes.data);
+    lc.alpha = p.alpha;
+    lc.beta = p.beta;
+    lc.pol = p.pol;
+    lc.stochastic = p.pol.round == emu::rounding::stochastic;
+    lc.rng = p.rng;
+  }
+  minmax_kernel<In, C, Quantize><<<static_cast<unsigned>(blocks), reduce_threads, smem, s>>>(
+      static_cast<const In*>(p.x.data), p.n, span, p.group, k, in_shared, lc);
   check_launch("minmax_kernel");
   const int t = 128;
   estimate_kernel<<<static_cast<unsigned>((groups + t - 1) / t), t, 0, s>>>(p.alpha, p.beta, k,
@@ -121,12 +178,16 @@ template <class In, int C> void launch_minmax(const actquant_problem& p, cudaStr
   check_launch("estimate_kernel");
 }
 
-template <class In> void update(const actquant_problem& p, cudaStream_t s) {
+// The reduction (and with Quantize the lagged pass's codes): 16-byte loads of x (and C-byte
+// stores of codes) where every vector lies in one group and the pointers are aligned.
+template <class In, bool Quantize> void update(const actquant_problem& p, cudaStream_t s) {
   constexpr int C = 16 / static_cast<int>(sizeof(In));
-  if (p.group.run % C == 0 && aligned_to<In>(p.x.data, 16))
-    launch_minmax<In, C>(p, s);
+  const bool vectors = p.group.run % C == 0 && aligned_to<In>(p.x.data, 16) &&
+                       (!Quantize || aligned_to<std::uint8_t>(p.codes.data, C));
+  if (vectors)
+    launch_minmax<In, C, Quantize>(p, s);
   else
-    launch_minmax<In, 1>(p, s);
+    launch_minmax<In, 1, Quantize>(p, s);
 }
 
 // The estimate of a chunk of the flat map is read once when the chunk lies in one group.
@@ -209,8 +270,12 @@ void actquant_quantize(const actquant_problem& p, const exec& ex) {
   element_ops::dispatch_input(p.x.type, [&](auto tag) {
     using In = decltype(tag);
     if constexpr (!std::is_same_v<In, double>) {
+      if (p.lagged) { // one read of x: codes from the estimates as they are, then the update
+        update<In, true>(p, s);
+        return;
+      }
       if (p.update)
-        update<In>(p, s);
+        update<In, false>(p, s);
       if (p.quantize) {
         const quantize_op op{source_of<In, std::uint8_t>(p), p.pol};
         launch_map(static_cast<const In*>(p.x.data), p.n, static_cast<std::uint8_t*>(p.codes.data),

@@ -93,10 +93,12 @@ void dequantize_elements(const actquant_problem& p, const exec& ex, Store store)
 void actquant_quantize(const actquant_problem& p, const exec& ex) {
   element_ops::dispatch_input(p.x.type, [&](auto tag) {
     using In = decltype(tag);
-    if (p.update)
+    if (p.update && !p.lagged)
       update_estimates<In>(p, ex);
     if (p.quantize)
       quantize_elements<In>(p, ex);
+    if (p.lagged)
+      update_estimates<In>(p, ex);
   });
 }
 

@@ -20,6 +20,7 @@ struct actquant_problem {
   emu::random_stream rng;
   bool quantize = false; // write codes
   bool update = false;   // update the estimates first
+  bool lagged = false;   // quantize with the estimates as they are, then update them
   float momentum = 0.9f;
 };
 

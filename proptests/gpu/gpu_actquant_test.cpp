@@ -1,4 +1,5 @@
-// GPU activation quantization == CPU twin, bit for bit: the estimates after the update, the codes
+// GPU activation quantization == CPU twin, bit for bit: the estimates after the update (first,
+// and lagged: after the codes), the codes
 // (nearest-even and stochastic) and the dequantized values, over shapes whose runs are and are
 // not multiples of the vector width, with aligned and misaligned inputs, 16-bit inputs and
 // outputs, and groups in and beyond shared memory.
@@ -44,7 +45,8 @@ void run_case(const gpu_case& c, const emu::policy& pol, std::uint64_t seed) {
   for (auto e : c.shape)
     n *= e;
   const int nd = static_cast<int>(c.shape.size());
-  const std::int64_t groups = kernels::actquant_group_count(shaped(tensor_view{}, c.shape), c.g);
+  const int d = c.g.dim < 0 ? c.g.dim + nd : c.g.dim;
+  const std::int64_t groups = c.shape[static_cast<std::size_t>(d)] / c.g.group_size;
   const std::size_t isz = kernels::dtype_size(c.in), osz = kernels::dtype_size(c.out);
   mirrored x((static_cast<std::size_t>(n + c.offset)) * isz),
       codes(static_cast<std::size_t>(n + c.offset));
@@ -73,14 +75,17 @@ void run_case(const gpu_case& c, const emu::policy& pol, std::uint64_t seed) {
   alpha.push();
   beta.push();
   const emu::random_stream rng{seed, 11};
-  for (int step = 0; step < 2; ++step) { // initialise, then a momentum update
+  for (int step = 0; step < 3; ++step) { // initialise, a momentum update, a lagged one
     for (bool gpu : {false, true}) {
       const auto xv = shaped(x.flat(gpu, c.in, n, c.offset), c.shape);
       const auto cv = shaped(codes.flat(gpu, dtype::uint8, n, c.offset), c.shape);
       const auto av = alpha.flat(gpu, dtype::float32, groups);
       const auto bv = beta.flat(gpu, dtype::float32, groups);
       const auto ov = shaped(out.flat(gpu, c.out, n, c.offset), c.shape);
-      kernels::actquant_quantize(xv, cv, av, bv, c.g, pol, rng, true, 0.9f);
+      if (step == 2) // lagged: the codes of the estimates as they are, then the update
+        kernels::actquant_quantize_lagged(xv, cv, av, bv, c.g, pol, rng, 0.9f);
+      else
+        kernels::actquant_quantize(xv, cv, av, bv, c.g, pol, rng, true, 0.9f);
       kernels::actquant_dequantize(cv, av, bv, ov, c.g);
     }
     const std::string what = "step " + std::to_string(step) + ", dims " + std::to_string(nd) +

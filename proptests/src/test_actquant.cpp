@@ -367,6 +367,41 @@ TEST(actquant, sixteen_bit_inputs_quantize_as_their_float_values) {
   });
 }
 
+TEST(actquant, lagged_is_frozen_quantization_then_update) {
+  check_property("actquant_lagged", 150, [] {
+    const shape_case c = gen_shape();
+    const auto x =
+        gen_values(static_cast<std::size_t>(numel(c.shape)), *rc::gen::inRange(0, 4) == 0);
+    const auto pols = policies();
+    const emu::policy pol = *rc::gen::elementOf(pols);
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 3};
+    const float m = gen_momentum();
+    std::vector<float> a1(static_cast<std::size_t>(c.groups)), b1(a1.size());
+    for (std::size_t g = 0; g < a1.size(); ++g) {
+      a1[g] = std::ldexp(static_cast<float>(*rc::gen::inRange(1, 1 << 20)),
+                         *rc::gen::inRange(-30, 0));
+      b1[g] = std::ldexp(static_cast<float>(*rc::gen::inRange(-(1 << 20), 1 << 20)), -20);
+    }
+    auto a2 = a1, b2 = b1;
+    std::vector<std::uint8_t> c1(x.size()), c2(x.size());
+    const auto xv = view_of(const_cast<float*>(x.data()), dtype::float32, c.shape);
+    kernels::actquant_quantize_lagged(xv, view_of(c1.data(), dtype::uint8, c.shape),
+                                      view_of(a1.data(), dtype::float32, {c.groups}),
+                                      view_of(b1.data(), dtype::float32, {c.groups}), c.g, pol,
+                                      rng, m);
+    // The same as quantizing with the estimates frozen, then updating them.
+    kernels::actquant_quantize(xv, view_of(c2.data(), dtype::uint8, c.shape),
+                               view_of(a2.data(), dtype::float32, {c.groups}),
+                               view_of(b2.data(), dtype::float32, {c.groups}), c.g, pol, rng,
+                               false);
+    kernels::actquant_update(xv, view_of(a2.data(), dtype::float32, {c.groups}),
+                             view_of(b2.data(), dtype::float32, {c.groups}), c.g, m);
+    RC_ASSERT(c1 == c2);
+    RC_ASSERT(std::memcmp(a1.data(), a2.data(), 4 * a1.size()) == 0);
+    RC_ASSERT(std::memcmp(b1.data(), b2.data(), 4 * b1.size()) == 0);
+  });
+}
+
 TEST(actquant, threads_do_not_change_bits) {
   // 3 x 5 x 70001 elements grouped along dim 1: runs longer than a thread's chunk and shorter.
   for (const auto& [shape, g] :

@@ -379,6 +379,7 @@ def actquant_quantize_raw(
     beta: int,
     quantize: bool,
     update: bool,
+    lagged: bool,
     momentum: float,
     rounding: str,
     random_bits: int,

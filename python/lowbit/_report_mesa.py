@@ -35,7 +35,7 @@ def _round_trip_rows(workloads: list[tuple[str, np.ndarray]]) -> list[dict[str, 
         for label, groups in (("per tensor", 1), ("per head", HEADS)):
             a, b = torch.full((groups,), -1.0), torch.zeros(groups)
             gs = HEADS // groups
-            codes = ops._actquant_quantize(x, a, b, 1, gs, True, 0.0, False, 0, 0, 0)
+            codes = ops._actquant_quantize(x, a, b, 1, gs, True, False, 0.0, False, 0, 0, 0)
             xd = ops._actquant_dequantize(codes, a, b, 1, gs, torch.float32)
             finite = torch.isfinite(x)
             err = (xd - x)[finite].double()

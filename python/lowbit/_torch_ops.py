@@ -205,11 +205,11 @@ def eager_or_op(name: str):
 
 # ---- activation quantization with running estimates (Mesa; lowbit.nn.mesa) ------------------
 #
-#   torch.ops.lowbit.actquant_quantize(x, alpha, beta, dim, group_size, update, momentum,
-#                                      stochastic, random_bits, seed, offset) -> codes
+#   torch.ops.lowbit.actquant_quantize(x, alpha, beta, dim, group_size, update, lagged,
+#                                      momentum, stochastic, random_bits, seed, offset) -> codes
 #       uint8 codes of a contiguous x (float32/bfloat16/float16), alpha and beta (float32, one
-#       per group along dim) updated in place first when `update`
-#       (kernels/include/lowbit/kernels/actquant.hpp).
+#       per group along dim) updated in place first when `update`, or after quantizing from the
+#       same read of x when `lagged` (kernels/include/lowbit/kernels/actquant.hpp).
 #   torch.ops.lowbit.actquant_dequantize(codes, alpha, beta, dim, group_size, out_dtype)
 #       codes * alpha[g] + beta[g] as out_dtype.
 
@@ -221,8 +221,9 @@ def _where(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _actquant_quantize(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
-                       group_size: int, update: bool, momentum: float, stochastic: bool,
-                       random_bits: int, seed: int, offset: int) -> torch.Tensor:
+                       group_size: int, update: bool, lagged: bool, momentum: float,
+                       stochastic: bool, random_bits: int, seed: int,
+                       offset: int) -> torch.Tensor:
     if x.dtype not in _FLOAT_CODES:
         raise TypeError(f"x: expected float32, bfloat16 or float16, got {x.dtype}")
     for name, t in (("alpha", alpha), ("beta", beta)):
@@ -234,7 +235,7 @@ def _actquant_quantize(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
     with _on_device(x.device):
         _core.actquant_quantize_raw(x.data_ptr(), _FLOAT_CODES[x.dtype], list(x.shape), dim,
                                     group_size, codes.data_ptr(), alpha.data_ptr(),
-                                    beta.data_ptr(), True, update, momentum,
+                                    beta.data_ptr(), True, update, lagged, momentum,
                                     "stochastic" if stochastic else "nearest_even",
                                     random_bits if stochastic else 0, seed, offset, dt, di, 0,
                                     _stream(x.device))
@@ -246,7 +247,8 @@ actquant_quantize = torch.library.custom_op("lowbit::actquant_quantize",
 
 
 @actquant_quantize.register_fake
-def _(x, alpha, beta, dim, group_size, update, momentum, stochastic, random_bits, seed, offset):
+def _(x, alpha, beta, dim, group_size, update, lagged, momentum, stochastic, random_bits, seed,
+      offset):
     return torch.empty_like(x, dtype=torch.uint8, memory_format=torch.contiguous_format)
 
 

@@ -68,7 +68,7 @@ emu::policy rounding_of(const std::string& rounding, int random_bits) {
 
 void quantize_raw(std::uintptr_t x, int x_dtype, const std::vector<std::int64_t>& shape, int dim,
                   std::int64_t group_size, std::uintptr_t codes, std::uintptr_t alpha,
-                  std::uintptr_t beta, bool quantize, bool update, float momentum,
+                  std::uintptr_t beta, bool quantize, bool update, bool lagged, float momentum,
                   const std::string& rounding, int random_bits, std::uint64_t seed,
                   std::uint64_t offset, int device_type, int device_index, std::int64_t threads,
                   std::uintptr_t stream) {
@@ -87,8 +87,12 @@ void quantize_raw(std::uintptr_t x, int x_dtype, const std::vector<std::int64_t>
   const emu::policy pol = rounding_of(rounding, random_bits);
   const k::tensor_view cv = raw_view(codes, dtype::uint8, shape, dev);
   py::gil_scoped_release no_gil;
-  k::actquant_quantize(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset}, update, momentum,
-                       ex);
+  if (lagged)
+    k::actquant_quantize_lagged(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset},
+                                momentum, ex);
+  else
+    k::actquant_quantize(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset}, update,
+                         momentum, ex);
 }
 
 void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape, int dim,
@@ -112,13 +116,14 @@ void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape
 void bind_actquant(py::module_& m) {
   m.def("actquant_quantize_raw", &quantize_raw, py::arg("x"), py::arg("x_dtype"), py::arg("shape"),
         py::arg("dim"), py::arg("group_size"), py::arg("codes"), py::arg("alpha"), py::arg("beta"),
-        py::arg("quantize"), py::arg("update"), py::arg("momentum"), py::arg("rounding"),
+        py::arg("quantize"), py::arg("update"), py::arg("lagged"), py::arg("momentum"), py::arg("rounding"),
         py::arg("random_bits"), py::arg("seed"), py::arg("offset"), py::arg("device_type"),
         py::arg("device_index"), py::arg("threads"), py::arg("stream"),
         "Per-group 8-bit activation quantization over raw pointers of contiguous tensors "
         "(kernels/include/lowbit/kernels/actquant.hpp): codes (uint8) from x (dtype code 0 "
         "float32, 1 bfloat16, 2 float16), alpha and beta (float32, one per group) updated in "
-        "place when `update`; quantize=False updates the estimates only.");
+        "place when `update` (before quantizing; after it, from the same read of x, when `lagged`); "
+        "quantize=False updates the estimates only.");
   m.def("actquant_dequantize_raw", &dequantize_raw, py::arg("codes"), py::arg("shape"),
         py::arg("dim"), py::arg("group_size"), py::arg("alpha"), py::arg("beta"), py::arg("out"),
         py::arg("out_dtype"), py::arg("device_type"), py::arg("device_index"), py::arg("threads"),

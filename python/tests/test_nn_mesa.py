@@ -70,14 +70,14 @@ def test_ops_equal_numpy(shape, dim, groups, dtype):
     xn = x.float().numpy()
     want_a, want_b = np_estimates(xn, alpha.numpy(), beta.numpy(), dim, groups, 0.9)
     gs = shape[dim] // groups
-    codes = ops._actquant_quantize(x, alpha, beta, dim, gs, True, 0.9, False, 0, 0, 0)
+    codes = ops._actquant_quantize(x, alpha, beta, dim, gs, True, False, 0.9, False, 0, 0, 0)
     np.testing.assert_array_equal(alpha.numpy(), want_a)
     np.testing.assert_array_equal(beta.numpy(), want_b)
     np.testing.assert_array_equal(codes.numpy(), np_codes(xn, want_a, want_b, dim, groups))
     # A second batch moves the estimates by the momentum.
     x2 = x * 2 + 1
     want_a, want_b = np_estimates(x2.float().numpy(), want_a, want_b, dim, groups, 0.9)
-    codes = ops._actquant_quantize(x2, alpha, beta, dim, gs, True, 0.9, False, 0, 0, 0)
+    codes = ops._actquant_quantize(x2, alpha, beta, dim, gs, True, False, 0.9, False, 0, 0, 0)
     np.testing.assert_array_equal(alpha.numpy(), want_a)
     np.testing.assert_array_equal(beta.numpy(), want_b)
     np.testing.assert_array_equal(codes.numpy(),
@@ -95,8 +95,9 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
     x = torch.full((4096,), 0.3)
     x[0], x[1] = 0.0, 1.0  # the range: alpha = 1/255
     alpha, beta = torch.full((1,), -1.0), torch.zeros(1)
-    c1 = ops._actquant_quantize(x, alpha, beta, 0, 4096, True, 0.0, True, 16, 5, 0)
-    c2 = ops._actquant_quantize(x, alpha.clone(), beta.clone(), 0, 4096, False, 0.0, True, 16,
+    c1 = ops._actquant_quantize(x, alpha, beta, 0, 4096, True, False, 0.0, True, 16, 5, 0)
+    c2 = ops._actquant_quantize(x, alpha.clone(), beta.clone(), 0, 4096, False, False, 0.0,
+                                True, 16,
                                 5, 0)
     assert torch.equal(c1, c2)
     v = ops._actquant_dequantize(c1, alpha, beta, 0, 4096, torch.float32)[2:]
@@ -113,7 +114,7 @@ def dequantized(quant, x, state):
     a, b = state["alpha"].clone(), state["beta"].clone()
     gs = x.shape[quant.dim] // quant.groups
     codes = ops._actquant_quantize(x.detach().contiguous(), a, b, quant.dim, gs, True,
-                                   quant.momentum, False, 0, 0, 0)
+                                   False, quant.momentum, False, 0, 0, 0)
     return ops._actquant_dequantize(codes, a, b, quant.dim, gs, x.dtype)
 
 
@@ -442,11 +443,51 @@ def test_cuda_equals_cpu():
         for dev in ("cpu", "cuda"):
             a, b = torch.full((groups,), -1.0, device=dev), torch.zeros(groups, device=dev)
             xd = x.to(dev)
-            c = ops._actquant_quantize(xd, a, b, dim, gs, True, 0.9, True, 8, 3, 4)
-            c = ops._actquant_quantize(xd * 1.5, a, b, dim, gs, True, 0.9, True, 8, 3, 5)
+            c = ops._actquant_quantize(xd, a, b, dim, gs, True, False, 0.9, True, 8, 3, 4)
+            c = ops._actquant_quantize(xd * 1.5, a, b, dim, gs, True, False, 0.9, True, 8, 3,
+                                       5)
+            c = ops._actquant_quantize(xd * 0.5, a, b, dim, gs, True, True, 0.9, True, 8, 3, 6)
             v = ops._actquant_dequantize(c, a, b, dim, gs, dtype)
             torch.cuda.synchronize()
             outs.append([t.cpu() for t in (a, b, c, v)])
         for p, q in zip(*outs):
             assert torch.equal(p.view(torch.uint8) if p.dtype != torch.uint8 else p,
                                q.view(torch.uint8) if q.dtype != torch.uint8 else q)
+
+
+def test_lagged_quantizer_encodes_with_the_previous_estimates():
+    torch.manual_seed(14)
+    q = mesa.ActQuantizer(2, -1, momentum=0.5, lagged=True)
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8) * 3
+    q.pack(x1)  # no estimate yet: updated first
+    a1, b1 = q.alpha.clone(), q.beta.clone()
+    codes, a, b = q.pack(x2)
+    assert torch.equal(a, a1) and torch.equal(b, b1)
+    want = ops._actquant_quantize(x2, a1.clone(), b1.clone(), -1, 4, False, False, 0.5, False, 0,
+                                  0, 0)
+    assert torch.equal(codes, want)
+    ua, ub = a1.clone(), b1.clone()
+    ops._actquant_quantize(x2, ua, ub, -1, 4, True, False, 0.5, False, 0, 0, 0)
+    assert torch.equal(q.alpha, ua) and torch.equal(q.beta, ub)
+    # After load_state_dict the next call updates first again (the loaded state may be unset).
+    q.load_state_dict({"alpha": torch.full((2,), -1.0), "beta": torch.zeros(2)})
+    codes, a, b = q.pack(x1)
+    assert (a > 0).all()
+
+
+def test_lagged_linear_backward_uses_the_estimates_that_encoded_it():
+    torch.manual_seed(15)
+    lin = torch.nn.Linear(8, 3)
+    m = mesa.MesaLinear.from_linear(lin, lagged=True)
+    m(torch.randn(5, 8, requires_grad=True)).sum().backward()  # initialises the estimates
+    a0, b0 = m.quant.alpha.clone(), m.quant.beta.clone()
+    x = torch.randn(5, 8, requires_grad=True) * 2
+    m.weight.grad = None
+    y = m(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    codes = ops._actquant_quantize(x.detach(), a0.clone(), b0.clone(), -1, 8, False, False, 0.9,
+                                   False, 0, 0, 0)
+    xd = ops._actquant_dequantize(codes, a0, b0, -1, 8, torch.float32)
+    torch.testing.assert_close(m.weight.grad, gy.t() @ xd, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(m.quant.alpha, a0)  # and the estimates moved

@@ -67,12 +67,16 @@ class ActQuantizer(nn.Module):
     along ``dim`` (``x.shape[dim]`` must be a multiple of ``groups``), buffers ``alpha`` (the
     step; negative until the first training batch sets it) and ``beta`` (the offset, the running
     minimum). ``momentum`` m: alpha = m alpha + (1 - m) (max - min) / 255, beta = m beta +
-    (1 - m) min per batch. ``enabled=False`` keeps the activation itself instead of its codes
-    (the exact-backward baseline of the tests; saves no memory)."""
+    (1 - m) min per batch, before the batch is quantized (every batch is encoded by estimates
+    that have seen it); ``lagged=True`` encodes a batch with the estimates of the batches before
+    it and updates them from the same read of x (one pass over memory instead of two; the first
+    call after construction or load_state_dict updates first). ``enabled=False`` keeps the
+    activation itself instead of its codes (the exact-backward baseline of the tests; saves no
+    memory)."""
 
     def __init__(self, groups: int = 1, dim: int = -1, momentum: float = 0.9,
                  rounding: str = "nearest_even", random_bits: int = 16, seed: int = 0,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, lagged: bool = False) -> None:
         super().__init__()
         if not isinstance(groups, int) or groups < 1:
             raise ValueError(f"groups: expected a positive int, got {groups!r}")
@@ -85,14 +89,20 @@ class ActQuantizer(nn.Module):
             raise ValueError(f"random_bits: expected 1..32, got {random_bits!r}")
         self.groups, self.dim, self.momentum = groups, dim, float(momentum)
         self.rounding, self.random_bits, self.seed = rounding, random_bits, seed
-        self.enabled = enabled
+        self.enabled, self.lagged = enabled, lagged
         self.calls = 0  # the offset of the next stochastic-rounding stream
+        self._estimated = False  # whether alpha, beta hold estimates (lagged mode)
         self.register_buffer("alpha", torch.full((groups,), -1.0))
         self.register_buffer("beta", torch.zeros(groups))
 
     def extra_repr(self) -> str:
         return (f"groups={self.groups}, dim={self.dim}, momentum={self.momentum}, "
-                f"rounding={self.rounding}" + ("" if self.enabled else ", enabled=False"))
+                f"rounding={self.rounding}" + (", lagged=True" if self.lagged else "")
+                + ("" if self.enabled else ", enabled=False"))
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._estimated = False  # the loaded estimates may be unset: update before the next use
 
     def _state_on(self, x: torch.Tensor) -> None:
         # model.half() / .to(device) move buffers too: the kernels keep them float32.
@@ -108,19 +118,25 @@ class ActQuantizer(nn.Module):
         return c // self.groups
 
     def pack(self, x: torch.Tensor, update: bool = True) -> tuple:
-        """What the backward pass keeps of x: (codes, alpha, beta) after this batch's update of
-        the estimates (the estimates that quantized it; copies, so that later batches do not
-        change them), or (x,) when not enabled."""
+        """What the backward pass keeps of x: (codes, alpha, beta) with the estimates that
+        encoded it (copies, so that later batches do not change them), or (x,) when not
+        enabled."""
         if not self.enabled:
             return (x.detach(),)
         self._state_on(x)
         gs = self.group_size(x)
         stochastic = self.rounding == "stochastic"
+        lagged = self.lagged and self._estimated and update
+        if lagged:  # the estimates as they are encode x; the call then updates them
+            alpha, beta = self.alpha.clone(), self.beta.clone()
         codes = _ops.eager_or_op("actquant_quantize")(
-            x.detach().contiguous(), self.alpha, self.beta, self.dim, gs, update, self.momentum,
-            stochastic, self.random_bits, self.seed, self.calls)
+            x.detach().contiguous(), self.alpha, self.beta, self.dim, gs, update, lagged,
+            self.momentum, stochastic, self.random_bits, self.seed, self.calls)
         self.calls += 1
-        return (codes, self.alpha.clone(), self.beta.clone())
+        self._estimated = self._estimated or update
+        if not lagged:
+            alpha, beta = self.alpha.clone(), self.beta.clone()
+        return (codes, alpha, beta)
 
     def unpack(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
         if len(packed) == 1:
@@ -690,14 +706,16 @@ def _is_tiny_block(m: nn.Module) -> bool:
 
 def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
             momentum: float = 0.9, rounding: str = "nearest_even", random_bits: int = 16,
-            seed: int = 0, filter: Optional[Callable[[str, nn.Module], bool]] = None,
+            seed: int = 0, lagged: bool = False,
+            filter: Optional[Callable[[str, nn.Module], bool]] = None,
             layers: tuple = ("linear", "layernorm", "gelu", "silu", "relu", "softmax",
                              "attention")) -> nn.Module:
     """Replaces, in place, the modules of a timm-style ViT by their Mesa counterparts holding
     the same parameters: timm's Attention -> MesaAttention (``core``), nn.Linear -> MesaLinear,
     nn.LayerNorm -> MesaLayerNorm, nn.GELU / nn.SiLU / nn.ReLU -> MesaGELU / MesaSiLU /
     MesaReLU, nn.Softmax -> MesaSoftmax; lowbit._tiny's Block -> MesaTinyBlock. ``filter(name,
-    module)`` picks candidates (all without one), ``layers`` the kinds. Each quantizer gets its
+    module)`` picks candidates (all without one), ``layers`` the kinds; ``momentum``,
+    ``rounding``, ``random_bits``, ``lagged``: those of every :class:`ActQuantizer`. Each gets its
     own seed (``seed`` + its index) for stochastic rounding. The state_dict keeps every key and
     adds the quantizers' alpha/beta buffers (load an original state_dict with strict=False).
     Returns ``model`` (or the new module when ``model`` itself is replaced)."""
@@ -713,7 +731,7 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     def q() -> dict:
         counter[0] += 1
         return dict(momentum=momentum, rounding=rounding, random_bits=random_bits,
-                    seed=seed + 7919 * counter[0])
+                    seed=seed + 7919 * counter[0], lagged=lagged)
 
     def replacement(name: str, m: nn.Module) -> Optional[nn.Module]:
         if filter is not None and not filter(name, m):

@@ -48,6 +48,17 @@ void actquant_quantize(const tensor_view& x, const tensor_view& codes, const ten
                        const emu::random_stream& rng = {}, bool update = false,
                        float momentum = 0.9f, const exec& ex = {});
 
+// One read of x: the codes from the estimates as they are (the previous calls'), then the update
+// of the estimates from this call's min/max (as above), which the next call will quantize with.
+// Every group needs an estimate already (alpha > 0): a group without one gets meaningless codes
+// (deterministic ones: those of its alpha and beta as they are). lowbit.nn.mesa uses it with
+// `lagged=True`, after a first call of actquant_quantize with update has set the estimates.
+void actquant_quantize_lagged(const tensor_view& x, const tensor_view& codes,
+                              const tensor_view& alpha, const tensor_view& beta,
+                              const actquant_groups& g, const emu::policy& pol,
+                              const emu::random_stream& rng = {}, float momentum = 0.9f,
+                              const exec& ex = {});
+
 // Only the update of the estimates (as actquant_quantize with update), no codes.
 void actquant_update(const tensor_view& x, const tensor_view& alpha, const tensor_view& beta,
                      const actquant_groups& g, float momentum = 0.9f, const exec& ex = {});
