@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(reduce_threads)
         if constexpr (C % 4 == 0) {
 #pragma unroll
           for (int h = 0; h < C; h += 4) {
-            const emu::philox_block b =
-                lc.rng.block(static_cast<std::uint64_t>(v * C + h) >> 2);
+            const emu::philox_block b = lc.rng.block(static_cast<std::uint64_t>(v * C + h) >> 2);
 #pragma unroll
             for (int k = 0; k < 4; ++k)
               r[h + k] = b.v[k];

@@ -378,8 +378,8 @@ TEST(actquant, lagged_is_frozen_quantization_then_update) {
     const float m = gen_momentum();
     std::vector<float> a1(static_cast<std::size_t>(c.groups)), b1(a1.size());
     for (std::size_t g = 0; g < a1.size(); ++g) {
-      a1[g] = std::ldexp(static_cast<float>(*rc::gen::inRange(1, 1 << 20)),
-                         *rc::gen::inRange(-30, 0));
+      a1[g] =
+          std::ldexp(static_cast<float>(*rc::gen::inRange(1, 1 << 20)), *rc::gen::inRange(-30, 0));
       b1[g] = std::ldexp(static_cast<float>(*rc::gen::inRange(-(1 << 20), 1 << 20)), -20);
     }
     auto a2 = a1, b2 = b1;
@@ -387,8 +387,8 @@ TEST(actquant, lagged_is_frozen_quantization_then_update) {
     const auto xv = view_of(const_cast<float*>(x.data()), dtype::float32, c.shape);
     kernels::actquant_quantize_lagged(xv, view_of(c1.data(), dtype::uint8, c.shape),
                                       view_of(a1.data(), dtype::float32, {c.groups}),
-                                      view_of(b1.data(), dtype::float32, {c.groups}), c.g, pol,
-                                      rng, m);
+                                      view_of(b1.data(), dtype::float32, {c.groups}), c.g, pol, rng,
+                                      m);
     // The same as quantizing with the estimates frozen, then updating them.
     kernels::actquant_quantize(xv, view_of(c2.data(), dtype::uint8, c.shape),
                                view_of(a2.data(), dtype::float32, {c.groups}),

@@ -88,11 +88,11 @@ void quantize_raw(std::uintptr_t x, int x_dtype, const std::vector<std::int64_t>
   const k::tensor_view cv = raw_view(codes, dtype::uint8, shape, dev);
   py::gil_scoped_release no_gil;
   if (lagged)
-    k::actquant_quantize_lagged(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset},
-                                momentum, ex);
+    k::actquant_quantize_lagged(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset}, momentum,
+                                ex);
   else
-    k::actquant_quantize(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset}, update,
-                         momentum, ex);
+    k::actquant_quantize(xv, cv, av, bv, g, pol, emu::random_stream{seed, offset}, update, momentum,
+                         ex);
 }
 
 void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape, int dim,
@@ -114,16 +114,17 @@ void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape
 } // namespace
 
 void bind_actquant(py::module_& m) {
-  m.def("actquant_quantize_raw", &quantize_raw, py::arg("x"), py::arg("x_dtype"), py::arg("shape"),
-        py::arg("dim"), py::arg("group_size"), py::arg("codes"), py::arg("alpha"), py::arg("beta"),
-        py::arg("quantize"), py::arg("update"), py::arg("lagged"), py::arg("momentum"), py::arg("rounding"),
-        py::arg("random_bits"), py::arg("seed"), py::arg("offset"), py::arg("device_type"),
-        py::arg("device_index"), py::arg("threads"), py::arg("stream"),
-        "Per-group 8-bit activation quantization over raw pointers of contiguous tensors "
-        "(kernels/include/lowbit/kernels/actquant.hpp): codes (uint8) from x (dtype code 0 "
-        "float32, 1 bfloat16, 2 float16), alpha and beta (float32, one per group) updated in "
-        "place when `update` (before quantizing; after it, from the same read of x, when `lagged`); "
-        "quantize=False updates the estimates only.");
+  m.def(
+      "actquant_quantize_raw", &quantize_raw, py::arg("x"), py::arg("x_dtype"), py::arg("shape"),
+      py::arg("dim"), py::arg("group_size"), py::arg("codes"), py::arg("alpha"), py::arg("beta"),
+      py::arg("quantize"), py::arg("update"), py::arg("lagged"), py::arg("momentum"),
+      py::arg("rounding"), py::arg("random_bits"), py::arg("seed"), py::arg("offset"),
+      py::arg("device_type"), py::arg("device_index"), py::arg("threads"), py::arg("stream"),
+      "Per-group 8-bit activation quantization over raw pointers of contiguous tensors "
+      "(kernels/include/lowbit/kernels/actquant.hpp): codes (uint8) from x (dtype code 0 "
+      "float32, 1 bfloat16, 2 float16), alpha and beta (float32, one per group) updated in "
+      "place when `update` (before quantizing; after it, from the same read of x, when `lagged`); "
+      "quantize=False updates the estimates only.");
   m.def("actquant_dequantize_raw", &dequantize_raw, py::arg("codes"), py::arg("shape"),
         py::arg("dim"), py::arg("group_size"), py::arg("alpha"), py::arg("beta"), py::arg("out"),
         py::arg("out_dtype"), py::arg("device_type"), py::arg("device_index"), py::arg("threads"),
