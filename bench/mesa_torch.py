@@ -25,7 +25,12 @@ before it, updated from the same read: one pass over each saved tensor instead o
 - saved_vs_bf16 = 1 - activation / bf16's; overhead_vs_bf16 = time / bf16's time - 1.
 Goals (docs/techniques/mesa.md): activation memory saved >= 45%, overhead <= 15%, against bf16.
 
-Part 2 (unless --train-steps 0): lowbit._tiny.train with and without Mesa (same seed, data and
+Part 2 (CUDA only, unless --no-kernels): the actquant kernels alone on bfloat16 tensors (heads
+of [512, 12, 197, 64], blocks of channels and one group of [65536, 768]): bytes moved per element
+(update + quantize 5: x read twice, codes written; lagged and frozen 3; dequantize to bf16 3),
+median ms (CUDA events) and GB/s, beside a bf16 clone (4 bytes per element) in the same run.
+
+Part 3 (unless --train-steps 0): lowbit._tiny.train with and without Mesa (same seed, data and
 schedule; bfloat16 autocast on CUDA, float32 on the CPU), final losses (mean of the last 20 steps)
 and their ratio (goal: within 1%); --plot writes the loss curves.
 
@@ -175,6 +180,61 @@ def measure(variant: str, cfg: dict, batch: int, steps: int, device: str) -> dic
     return row
 
 
+def _event_ms(fn, reps: int = 10) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kernel_rows(device: str) -> list[dict]:
+    """The actquant kernels alone on bfloat16 tensors: bytes moved per element and GB/s, beside a
+    bfloat16 copy (clone: 4 bytes per element) in the same run."""
+    from lowbit import _torch_ops as ops
+
+    rows = []
+    for label, shape, dim, groups in (("heads [512, 12, 197, 64]", (512, 12, 197, 64), 1, 12),
+                                      ("channel blocks [65536, 768] / 12", (65536, 768), -1, 12),
+                                      ("tensor [65536, 768]", (65536, 768), -1, 1)):
+        x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+        n = x.numel()
+        gs = shape[dim] // groups
+        a = torch.full((groups,), -1.0, device=device)
+        b = torch.zeros(groups, device=device)
+        codes = ops._actquant_quantize(x, a, b, dim, gs, True, False, 0.9, False, 0, 0, 0)
+        cases = {
+            "copy (clone)": (lambda: x.clone(), 4),
+            "update + quantize": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, False, 0.9, False, 0, 0, 0), 5),
+            "lagged (one pass)": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, True, 0.9, False, 0, 0, 0), 3),
+            "frozen quantize": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, False, False, 0.9, False, 0, 0, 0), 3),
+            "stochastic, update": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, False, 0.9, True, 16, 1, 2), 5),
+            "dequantize -> bf16": (lambda: ops._actquant_dequantize(
+                codes, a, b, dim, gs, torch.bfloat16), 3),
+        }
+        for op, (fn, per) in cases.items():
+            ms = _event_ms(fn)
+            rows.append({"tensor": label, "op": op, "elements": n, "bytes_per_element": per,
+                         "ms": ms, "GBps": per * n / ms / 1e6})
+        copy = rows[-len(cases)]["GBps"]
+        for r in rows[-len(cases):]:
+            r["vs_copy"] = r["GBps"] / copy
+        del x, codes
+    torch.cuda.empty_cache()
+    return rows
+
+
 def train_comparison(steps: int, device: str, plot: str | None) -> dict:
     from lowbit import _tiny
 
@@ -216,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=300)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-kernels", action="store_true", help="leave out the kernels' GB/s")
     ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa,"
                     "mesa_explicit_lagged,mesa_sdpa_lagged")
     a = ap.parse_args(argv)
@@ -239,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['variant']:21s} {act:9.1f} {r['saved_MiB']:10.1f} "
               f"{100 * r['saved_vs_bf16']:13.1f}% {r['ms_per_step']:9.2f} "
               f"{r['images_per_s']:8.1f} {100 * r['overhead_vs_bf16']:8.1f}%")
+    kernels = []
+    if a.device.startswith("cuda") and not a.no_kernels:
+        kernels = kernel_rows(a.device)
+        print(f"{'tensor (bf16)':34s} {'op':20s} {'B/elem':>6s} {'ms':>8s} {'GB/s':>8s} "
+              f"{'vs copy':>8s}")
+        for r in kernels:
+            print(f"{r['tensor']:34s} {r['op']:20s} {r['bytes_per_element']:6d} {r['ms']:8.3f} "
+                  f"{r['GBps']:8.0f} {r['vs_copy']:8.2f}")
     train = None
     if a.train_steps > 0:
         train = train_comparison(a.train_steps, a.device, a.plot)
@@ -250,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name()
     with open(a.out, "w") as f:
-        json.dump({"meta": meta, "rows": rows, "train": train}, f, indent=1)
+        json.dump({"meta": meta, "rows": rows, "kernels": kernels, "train": train}, f, indent=1)
     print(f"wrote {a.out} ({meta['seconds']:.1f} s)")
     return 0
 
