@@ -2,7 +2,7 @@
 its throughput, against the same model under bfloat16 autocast, in the same run; then a small
 ViT (lowbit._tiny) trained with and without Mesa.
 
-    python bench/mesa_torch.py out.json [--model vit-b|deit-s] [--batch 64] [--depth 12]
+    python bench/mesa_torch.py out.json [--model vit-b|deit-s] [--batch 256] [--depth 12]
                                         [--steps 10] [--train-steps 300] [--plot losses.png]
                                         [--device cuda|cpu]
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--model", choices=sorted(MODELS), default="vit-b")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--depth", type=int, default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--train-steps", type=int, default=300)

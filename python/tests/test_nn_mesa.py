@@ -327,15 +327,16 @@ def test_state_dict_carries_the_estimates():
         assert torch.equal(v, sd[k])
 
 
-def test_autocast_bfloat16_forward_equals_native_autocast():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_forward_equals_native_autocast(dtype):
     torch.manual_seed(9)
     lin, ln = torch.nn.Linear(16, 8), torch.nn.LayerNorm(16)
     ml, mln = mesa.MesaLinear.from_linear(lin), mesa.MesaLayerNorm.from_layernorm(ln)
     x = torch.randn(4, 16, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         want = lin(ln(x))
         got = ml(mln(x))
-    assert got.dtype == want.dtype == torch.bfloat16
+    assert got.dtype == want.dtype == dtype
     assert torch.equal(got, want)
     got.float().sum().backward()
     assert x.grad.dtype == torch.float32 and lin.weight.grad.dtype == torch.float32
