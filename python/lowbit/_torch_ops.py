@@ -220,15 +220,25 @@ def _where(t: torch.Tensor) -> tuple[int, int]:
     return (1, t.device.index) if t.device.type == "cuda" else (0, 0)
 
 
+def _check_estimates(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
+                     group_size: int) -> None:
+    # The compiled entry reads G = x.shape[dim] / group_size floats from each pointer.
+    for name, t in (("alpha", alpha), ("beta", beta)):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device:
+            raise ValueError(f"{name}: expected a contiguous float32 tensor on {x.device}")
+        c = x.shape[dim] if x.dim() else 1
+        if group_size > 0 and c % group_size == 0 and t.numel() * group_size != c:
+            raise ValueError(f"{name}: {t.numel()} elements, but x.shape[{dim}] = {c} / "
+                             f"group_size {group_size} groups")
+
+
 def _actquant_quantize(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
                        group_size: int, update: bool, lagged: bool, momentum: float,
                        stochastic: bool, random_bits: int, seed: int,
                        offset: int) -> torch.Tensor:
     if x.dtype not in _FLOAT_CODES:
         raise TypeError(f"x: expected float32, bfloat16 or float16, got {x.dtype}")
-    for name, t in (("alpha", alpha), ("beta", beta)):
-        if t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device:
-            raise ValueError(f"{name}: expected a contiguous float32 tensor on {x.device}")
+    _check_estimates(x, alpha, beta, dim, group_size)
     x = x.detach().contiguous()
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     dt, di = _where(x)
@@ -256,6 +266,9 @@ def _actquant_dequantize(codes: torch.Tensor, alpha: torch.Tensor, beta: torch.T
                          group_size: int, out_dtype: torch.dtype) -> torch.Tensor:
     if out_dtype not in _FLOAT_CODES:
         raise TypeError(f"out_dtype: expected float32, bfloat16 or float16, got {out_dtype}")
+    if codes.dtype != torch.uint8 or not codes.is_contiguous():
+        raise ValueError("codes: expected a contiguous uint8 tensor")
+    _check_estimates(codes, alpha, beta, dim, group_size)
     out = torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
     dt, di = _where(codes)
     with _on_device(codes.device):

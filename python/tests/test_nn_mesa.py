@@ -360,6 +360,18 @@ def test_bad_input_is_refused():
         mesa.ActQuantizer(rounding="up")
     with pytest.raises(ValueError, match="core"):
         mesa.MesaAttention(8, 2, core="flash")
+    with pytest.raises(ValueError, match="alpha: 3 elements"):
+        ops._actquant_quantize(torch.randn(3, 4), torch.zeros(3), torch.zeros(3), -1, 2, True,
+                               False, 0.9, False, 0, 0, 0)
+    with pytest.raises(ValueError, match="does not divide"):
+        ops._actquant_quantize(torch.randn(3, 5), torch.zeros(2), torch.zeros(2), -1, 2, True,
+                               False, 0.9, False, 0, 0, 0)
+    with pytest.raises(ValueError, match="momentum"):
+        ops._actquant_quantize(torch.randn(3, 4), torch.zeros(2), torch.zeros(2), -1, 2, True,
+                               False, 2.0, False, 0, 0, 0)
+    with pytest.raises(TypeError):
+        ops._actquant_quantize(torch.randn(3, 4).double(), torch.zeros(2), torch.zeros(2), -1, 2,
+                               True, False, 0.9, False, 0, 0, 0)
     with pytest.raises(ValueError, match="layers"):
         mesa.convert(torch.nn.Linear(2, 2), layers=("conv",))
 
