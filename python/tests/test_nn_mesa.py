@@ -541,3 +541,25 @@ def test_cuda_tiny_vit_under_autocast(core, lagged):
         assert (num / den).sqrt() < 0.1
     q = model.blocks[0].fc1.quant
     assert q.alpha.is_cuda and (q.alpha > 0).all()
+
+
+def test_checkpoint_combines_with_mesa():
+    """Reentrant checkpointing runs the first forward without gradients (Mesa quantizes nothing
+    there), so the recomputation sees the estimates as an unchecked run does: the same
+    gradients, bit for bit. The non-reentrant one quantizes in both forwards (docs)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(17)
+    blk = _tiny.Block(32, 4, 128)
+    a = mesa.MesaTinyBlock(copy.deepcopy(blk))
+    b = copy.deepcopy(a)
+    c = copy.deepcopy(a)
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    a(x).sum().backward()
+    checkpoint(b, x, use_reentrant=True).sum().backward()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k])
+    checkpoint(c, x, use_reentrant=False).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in c.parameters())
