@@ -99,6 +99,15 @@ LOWBIT_HD LOWBIT_INLINE constexpr std::uint16_t to_f16(float v) {
 struct group_of {
   std::int64_t run = 1, groups = 1;
   LOWBIT_HD LOWBIT_INLINE constexpr std::int64_t operator()(std::int64_t i) const {
+    if (groups == 1)
+      return 0;
+    // 32-bit division where everything fits (a fraction of the 64-bit one's cost on GPUs).
+    const auto u = static_cast<std::uint64_t>(i), r = static_cast<std::uint64_t>(run),
+               gs = static_cast<std::uint64_t>(groups);
+    if ((u | r | gs) >> 32 == 0)
+      return static_cast<std::int64_t>(static_cast<std::uint32_t>(u) /
+                                       static_cast<std::uint32_t>(r) %
+                                       static_cast<std::uint32_t>(gs));
     return (i / run) % groups;
   }
 };
