@@ -615,7 +615,7 @@ class MesaAttention(nn.Module):
         drop = getattr(getattr(attn, "attn_drop", None), "p", 0.0)
         if drop:
             raise ValueError(f"MesaAttention: attention dropout ({drop}) is not supported")
-        for name in ("q_norm", "k_norm"):
+        for name in ("q_norm", "k_norm", "norm"):  # timm's qk_norm and scale_norm
             if not isinstance(getattr(attn, name, nn.Identity()), nn.Identity):
                 raise ValueError(f"MesaAttention: {name} is not supported")
         new = cls.__new__(cls)
