@@ -90,11 +90,13 @@ def only_blocks(name: str, module: nn.Module) -> bool:
 
 def train(config: str | dict, steps: int, batch: int, device: str, seed: int = 0,
           width: int = 384, depth: int = 6, heads: int = 6, autocast: bool | None = None,
-          lr: float = 1e-3) -> dict:
+          lr: float = 1e-3, mesa: dict | None = None) -> dict:
     """Trains one configuration (AdamW, warm-up then cosine; under bfloat16 autocast when
     `autocast`, by default on CUDA only: CPUs without bf16 units run it far slower than float32);
     returns the loss of every step, the final loss (mean of the last 20 steps) and the seconds
-    per step. `config` is a name of CONFIGS or lowbit.nn.convert's keyword arguments."""
+    per step. `config` is a name of CONFIGS or lowbit.nn.convert's keyword arguments. `mesa`:
+    keywords of lowbit.nn.mesa.convert, applied to the blocks after the configuration's
+    conversion (8-bit saved activations)."""
     torch.manual_seed(seed)
     model = TinyViT(width=width, depth=depth, heads=heads).to(device)
     kwargs = CONFIGS[config] if isinstance(config, str) else config
@@ -102,6 +104,10 @@ def train(config: str | dict, steps: int, batch: int, device: str, seed: int = 0
         import lowbit.nn as lnn
 
         lnn.convert(model, filter=only_blocks, **kwargs)
+    if mesa is not None:
+        import lowbit.nn.mesa as lmesa
+
+        lmesa.convert(model, filter=only_blocks, **mesa)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     warmup = max(1, min(30, steps // 10))
     sched = torch.optim.lr_scheduler.LambdaLR(

@@ -290,3 +290,90 @@ def eager_or_op(name: str):
     if torch.compiler.is_compiling():
         return getattr(torch.ops.lowbit, name)
     return EAGER[name]
+
+
+# ---- activation quantization with running estimates (Mesa; lowbit.nn.mesa) ------------------
+#
+#   torch.ops.lowbit.actquant_quantize(x, alpha, beta, dim, group_size, update, lagged,
+#                                      momentum, stochastic, random_bits, seed, offset) -> codes
+#       uint8 codes of a contiguous x (float32/bfloat16/float16), alpha and beta (float32, one
+#       per group along dim) updated in place first when `update`, or after quantizing from the
+#       same read of x when `lagged` (kernels/include/lowbit/kernels/actquant.hpp).
+#   torch.ops.lowbit.actquant_dequantize(codes, alpha, beta, dim, group_size, out_dtype)
+#       codes * alpha[g] + beta[g] as out_dtype.
+
+_FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _where(t: torch.Tensor) -> tuple[int, int]:
+    return (1, t.device.index) if t.device.type == "cuda" else (0, 0)
+
+
+def _check_estimates(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
+                     group_size: int) -> None:
+    # The compiled entry reads G = x.shape[dim] / group_size floats from each pointer.
+    for name, t in (("alpha", alpha), ("beta", beta)):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device:
+            raise ValueError(f"{name}: expected a contiguous float32 tensor on {x.device}")
+        c = x.shape[dim] if x.dim() else 1
+        if group_size > 0 and c % group_size == 0 and t.numel() * group_size != c:
+            raise ValueError(f"{name}: {t.numel()} elements, but x.shape[{dim}] = {c} / "
+                             f"group_size {group_size} groups")
+
+
+def _actquant_quantize(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
+                       group_size: int, update: bool, lagged: bool, momentum: float,
+                       stochastic: bool, random_bits: int, seed: int,
+                       offset: int) -> torch.Tensor:
+    if x.dtype not in _FLOAT_CODES:
+        raise TypeError(f"x: expected float32, bfloat16 or float16, got {x.dtype}")
+    _check_estimates(x, alpha, beta, dim, group_size)
+    x = x.detach().contiguous()
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    dt, di = _where(x)
+    with _on_device(x.device):
+        _core.actquant_quantize_raw(x.data_ptr(), _FLOAT_CODES[x.dtype], list(x.shape), dim,
+                                    group_size, codes.data_ptr(), alpha.data_ptr(),
+                                    beta.data_ptr(), True, update, lagged, momentum,
+                                    "stochastic" if stochastic else "nearest_even",
+                                    random_bits if stochastic else 0, seed, offset, dt, di, 0,
+                                    _stream(x.device))
+    return codes
+
+
+actquant_quantize = torch.library.custom_op("lowbit::actquant_quantize",
+                                            mutates_args=("alpha", "beta"))(_actquant_quantize)
+
+
+@actquant_quantize.register_fake
+def _(x, alpha, beta, dim, group_size, update, lagged, momentum, stochastic, random_bits, seed,
+      offset):
+    return torch.empty_like(x, dtype=torch.uint8, memory_format=torch.contiguous_format)
+
+
+def _actquant_dequantize(codes: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, dim: int,
+                         group_size: int, out_dtype: torch.dtype) -> torch.Tensor:
+    if out_dtype not in _FLOAT_CODES:
+        raise TypeError(f"out_dtype: expected float32, bfloat16 or float16, got {out_dtype}")
+    if codes.dtype != torch.uint8 or not codes.is_contiguous():
+        raise ValueError("codes: expected a contiguous uint8 tensor")
+    _check_estimates(codes, alpha, beta, dim, group_size)
+    out = torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
+    dt, di = _where(codes)
+    with _on_device(codes.device):
+        _core.actquant_dequantize_raw(codes.data_ptr(), list(codes.shape), dim, group_size,
+                                      alpha.data_ptr(), beta.data_ptr(), out.data_ptr(),
+                                      _FLOAT_CODES[out_dtype], dt, di, 0, _stream(codes.device))
+    return out
+
+
+actquant_dequantize = _register(_actquant_dequantize)
+
+
+@actquant_dequantize.register_fake
+def _(codes, alpha, beta, dim, group_size, out_dtype):
+    return torch.empty_like(codes, dtype=out_dtype)
+
+
+EAGER["actquant_quantize"] = _actquant_quantize
+EAGER["actquant_dequantize"] = _actquant_dequantize

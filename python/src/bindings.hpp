@@ -21,4 +21,7 @@ void bind_gemm(pybind11::module_& m);
 // The optimizer steps (optim.cpp).
 void bind_optim(pybind11::module_& m);
 
+// Per-group activation quantization with running estimates (actquant.cpp).
+void bind_actquant(pybind11::module_& m);
+
 } // namespace lowbit::python

@@ -100,4 +100,5 @@ PYBIND11_MODULE(_core, m) {
   lp::bind_blockwise(m);
   lp::bind_gemm(m);
   lp::bind_optim(m);
+  lp::bind_actquant(m);
 }

@@ -1,0 +1,328 @@
+"""Mesa (lowbit.nn.mesa) on a ViT block stack: the activation memory a training step needs and
+its throughput, against the same model under bfloat16 autocast, in the same run; then a small
+ViT (lowbit._tiny) trained with and without Mesa.
+
+    python bench/mesa_torch.py out.json [--model vit-b|deit-s] [--batch 256] [--depth 12]
+                                        [--steps 10] [--train-steps 300] [--plot losses.png]
+                                        [--device cuda|cpu]
+
+Part 1, the block stack (timm's ViT structure: pre-norm blocks of LayerNorm, Attention with a
+fused qkv projection, LayerNorm, MLP with GELU; ViT-B/16: width 768, 12 heads, MLP 3072, 197
+tokens; DeiT-S: width 384, 6 heads), AdamW, bfloat16 autocast, one forward + backward + step per
+training step. Variants: `bf16` (the model as it is, attention by scaled_dot_product_attention,
+as timm runs it), `bf16_explicit` (softmax(q k^T) v written out, timm's fused_attn=False),
+`mesa_explicit` (lowbit.nn.mesa.convert, the paper's attention core: q, k, the softmax output
+and v saved in 8 bits), `mesa_sdpa` (Mesa with the fused attention core recomputed in backward
+from 8-bit q, k, v), and both with `_lagged` (each batch encoded by the estimates of the batches
+before it, updated from the same read: one pass over each saved tensor instead of two). For each:
+- activation_MiB: torch.cuda.max_memory_allocated during one training step minus the memory
+  allocated when it starts (the parameters and the optimizer's states; the gradients are freed
+  between steps, so they count in the step's peak, equally in every variant);
+- saved_MiB: the bytes autograd keeps for backward after the forward (saved-tensor hooks,
+  storages counted once, the parameters' own storages left out): the activations alone (with
+  the bfloat16 copies of the weights that autocast makes and its backward keeps);
+- ms_per_step, images_per_s: the median over `--steps` timed steps after warm-up (CUDA events);
+- saved_vs_bf16 = 1 - activation / bf16's; overhead_vs_bf16 = time / bf16's time - 1.
+Goals (docs/techniques/mesa.md): activation memory saved >= 45%, overhead <= 15%, against bf16.
+
+Part 2 (CUDA only, unless --no-kernels): the actquant kernels alone on bfloat16 tensors (heads
+of [512, 12, 197, 64], blocks of channels and one group of [65536, 768]): bytes moved per element
+(update + quantize 5: x read twice, codes written; lagged and frozen 3; dequantize to bf16 3),
+median ms (CUDA events) and GB/s, beside a bf16 clone (4 bytes per element) in the same run.
+
+Part 3 (unless --train-steps 0): lowbit._tiny.train with and without Mesa (same seed, data and
+schedule; bfloat16 autocast on CUDA, float32 on the CPU), final losses (mean of the last 20 steps)
+and their ratio (goal: within 1%); --plot writes the loss curves.
+
+Runs on the CPU too (small and slow: use --model deit-s --depth 2 --batch 4 --steps 2
+--train-steps 30); memory is then measured by saved_MiB only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MODELS = {"vit-b": dict(width=768, heads=12, depth=12), "deit-s": dict(width=384, heads=6,
+                                                                         depth=12)}
+TOKENS = 197
+
+
+class Attention(nn.Module):  # timm.models.vision_transformer.Attention's structure
+    def __init__(self, dim: int, heads: int, fused: bool) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            x = attn @ v
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(b, n, c)))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, fused: bool) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads, fused)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, 4 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, width: int, heads: int, depth: int, fused: bool) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(width, heads, fused) for _ in range(depth)))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)).mean(1))
+
+
+def build(variant: str, cfg: dict, device: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = Stack(cfg["width"], cfg["heads"], cfg["depth"], fused=variant != "bf16_explicit")
+    model = model.to(device)
+    if variant.startswith("mesa"):
+        import lowbit.nn.mesa as mesa
+
+        mesa.convert(model, core=variant.split("_")[1], lagged=variant.endswith("_lagged"),
+                     filter=lambda name, m: name.startswith("blocks."))
+    return model
+
+
+def measure(variant: str, cfg: dict, batch: int, steps: int, device: str) -> dict:
+    model = build(variant, cfg, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(batch, TOKENS, cfg["width"], device=device, generator=g)
+    y = torch.randint(0, 1000, (batch,), device=device, generator=g)
+    cuda = device.startswith("cuda")
+
+    def forward() -> torch.Tensor:
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+            return F.cross_entropy(model(x), y)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        opt.step()
+
+    for _ in range(3):  # warm-up; AdamW allocates its states in the first step
+        step()
+    from lowbit.nn.mesa import saved_bytes
+
+    opt.zero_grad(set_to_none=True)
+    saved = saved_bytes(forward, exclude=model)
+    row = {"variant": variant, "saved_MiB": saved / 2**20}
+    if cuda:
+        torch.cuda.synchronize()
+        opt.zero_grad(set_to_none=True)
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        row["activation_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        row["base_MiB"] = base / 2**20
+        times = []
+        for _ in range(steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        ms = statistics.median(times)
+    else:
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t0))
+        ms = statistics.median(times)
+    row["ms_per_step"] = ms
+    row["images_per_s"] = batch / ms * 1e3
+    del model, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def _event_ms(fn, reps: int = 10) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kernel_rows(device: str) -> list[dict]:
+    """The actquant kernels alone on bfloat16 tensors: bytes moved per element and GB/s, beside a
+    bfloat16 copy (clone: 4 bytes per element) in the same run."""
+    from lowbit import _torch_ops as ops
+
+    rows = []
+    for label, shape, dim, groups in (("heads [512, 12, 197, 64]", (512, 12, 197, 64), 1, 12),
+                                      ("channel blocks [65536, 768] / 12", (65536, 768), -1, 12),
+                                      ("tensor [65536, 768]", (65536, 768), -1, 1)):
+        x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+        n = x.numel()
+        gs = shape[dim] // groups
+        a = torch.full((groups,), -1.0, device=device)
+        b = torch.zeros(groups, device=device)
+        codes = ops._actquant_quantize(x, a, b, dim, gs, True, False, 0.9, False, 0, 0, 0)
+        cases = {
+            "copy (clone)": (lambda: x.clone(), 4),
+            "update + quantize": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, False, 0.9, False, 0, 0, 0), 5),
+            "lagged (one pass)": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, True, 0.9, False, 0, 0, 0), 3),
+            "frozen quantize": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, False, False, 0.9, False, 0, 0, 0), 3),
+            "stochastic, update": (lambda: ops._actquant_quantize(
+                x, a, b, dim, gs, True, False, 0.9, True, 16, 1, 2), 5),
+            "dequantize -> bf16": (lambda: ops._actquant_dequantize(
+                codes, a, b, dim, gs, torch.bfloat16), 3),
+        }
+        for op, (fn, per) in cases.items():
+            ms = _event_ms(fn)
+            rows.append({"tensor": label, "op": op, "elements": n, "bytes_per_element": per,
+                         "ms": ms, "GBps": per * n / ms / 1e6})
+        copy = rows[-len(cases)]["GBps"]
+        for r in rows[-len(cases):]:
+            r["vs_copy"] = r["GBps"] / copy
+        del x, codes
+    torch.cuda.empty_cache()
+    return rows
+
+
+def train_comparison(steps: int, device: str, plot: str | None) -> dict:
+    from lowbit import _tiny
+
+    small = not device.startswith("cuda")
+    kw = dict(width=64, depth=2, heads=2, lr=3e-3) if small else {}
+    batch = 32 if small else 256
+    res = {"bf16" if not small else "float32": _tiny.train("nn_linear", steps, batch, device, 0,
+                                                           **kw)}
+    res["mesa"] = _tiny.train("nn_linear", steps, batch, device, 0, mesa={}, **kw)
+    base, m = list(res.values())
+    out = {"steps": steps, "batch": batch, "model": "small" if small else "default",
+           "final": {k: v["final"] for k, v in res.items()},
+           "final_ratio": m["final"] / base["final"],
+           "ms_per_step": {k: 1e3 * v["s_per_step"] for k, v in res.items()},
+           "losses": {k: v["losses"] for k, v in res.items()}}
+    if plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(7, 4))
+            _tiny.draw_losses(ax, res, f"lowbit._tiny ViT with and without Mesa ({steps} steps)")
+            fig.tight_layout()
+            fig.savefig(plot, dpi=110)
+        except ImportError:
+            print("matplotlib is not installed: no plot", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--model", choices=sorted(MODELS), default="vit-b")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--train-steps", type=int, default=300)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-kernels", action="store_true", help="leave out the kernels' GB/s")
+    ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa,"
+                    "mesa_explicit_lagged,mesa_sdpa_lagged")
+    a = ap.parse_args(argv)
+    cfg = dict(MODELS[a.model])
+    if a.depth is not None:
+        cfg["depth"] = a.depth
+    t0 = time.perf_counter()
+    rows = [measure(v, cfg, a.batch, a.steps, a.device) for v in a.variants.split(",")]
+    base = next((r for r in rows if r["variant"] == "bf16"), rows[0])
+    for r in rows:
+        key = "activation_MiB" if "activation_MiB" in r else "saved_MiB"
+        r["saved_vs_bf16"] = 1 - r[key] / base[key]
+        r["saved_tensors_vs_bf16"] = 1 - r["saved_MiB"] / base["saved_MiB"]
+        r["overhead_vs_bf16"] = r["ms_per_step"] / base["ms_per_step"] - 1
+    print(f"{a.model} x {cfg['depth']} blocks, batch {a.batch}, {TOKENS} tokens, bf16 autocast, "
+          f"{a.device}")
+    print(f"{'variant':21s} {'act MiB':>9s} {'saved MiB':>10s} {'saved vs bf16':>14s} "
+          f"{'ms/step':>9s} {'img/s':>8s} {'overhead':>9s}")
+    for r in rows:
+        act = r.get("activation_MiB", math.nan)
+        print(f"{r['variant']:21s} {act:9.1f} {r['saved_MiB']:10.1f} "
+              f"{100 * r['saved_vs_bf16']:13.1f}% {r['ms_per_step']:9.2f} "
+              f"{r['images_per_s']:8.1f} {100 * r['overhead_vs_bf16']:8.1f}%")
+    kernels = []
+    if a.device.startswith("cuda") and not a.no_kernels:
+        kernels = kernel_rows(a.device)
+        print(f"{'tensor (bf16)':34s} {'op':20s} {'B/elem':>6s} {'ms':>8s} {'GB/s':>8s} "
+              f"{'vs copy':>8s}")
+        for r in kernels:
+            print(f"{r['tensor']:34s} {r['op']:20s} {r['bytes_per_element']:6d} {r['ms']:8.3f} "
+                  f"{r['GBps']:8.0f} {r['vs_copy']:8.2f}")
+    train = None
+    if a.train_steps > 0:
+        train = train_comparison(a.train_steps, a.device, a.plot)
+        print(f"training ({train['steps']} steps, batch {train['batch']}): final losses "
+              + ", ".join(f"{k} {v:.4f}" for k, v in train["final"].items())
+              + f"; mesa / baseline = {train['final_ratio']:.4f} (goal within 1%)")
+    meta = {"model": a.model, **cfg, "tokens": TOKENS, "batch": a.batch, "device": a.device,
+            "torch": torch.__version__, "seconds": time.perf_counter() - t0}
+    if a.device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name()
+    with open(a.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "kernels": kernels, "train": train}, f, indent=1)
+    print(f"wrote {a.out} ({meta['seconds']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

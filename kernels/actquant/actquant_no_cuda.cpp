@@ -1,0 +1,15 @@
+// The activation quantization's CUDA entry points in builds without CUDA (host API callers reach
+// them only with device views, which such a build refuses).
+#include "../common/no_cuda.hpp"
+#include "actquant_internal.hpp"
+
+namespace lowbit::kernels::cuda {
+
+void actquant_quantize(const actquant_problem&, const exec&) {
+  throw_no_cuda();
+}
+void actquant_dequantize(const actquant_problem&, const exec&) {
+  throw_no_cuda();
+}
+
+} // namespace lowbit::kernels::cuda

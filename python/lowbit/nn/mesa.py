@@ -1,0 +1,800 @@
+"""Mesa (Pan et al., "Mesa: A Memory-saving Training Framework for Transformers"): modules whose
+forward pass is exact and whose backward pass reads 8-bit copies of what it needs, each channel
+group (an attention head) quantized with its own step ``alpha`` and offset ``beta``, running
+estimates updated in training mode (docs/techniques/mesa.md has the equations and the memory
+accounting).
+
+Each module is a drop-in for its PyTorch counterpart (same parameters and state_dict keys, plus
+the ``alpha``/``beta`` buffers of its quantizers):
+
+====================  ===============================================================
+module                saves for backward (8-bit codes + G floats of alpha, beta)
+====================  ===============================================================
+MesaLinear            its input
+MesaGELU, MesaSiLU    their input
+MesaReLU              its input (the sign is all the backward needs: code > code of 0)
+MesaLayerNorm         its input; the statistics are recomputed from it in backward
+MesaSoftmax           its output
+MesaMatMul            both operands of a @ b (or a @ b^T)
+MesaSoftmaxMatMul     softmax(s) @ v: the softmax output once (both backwards read it) and v
+MesaAttention         timm's Attention: qkv and proj inputs, the attention core as above
+                      (``core="explicit"``, the paper's) or q, k, v of a fused
+                      scaled_dot_product_attention recomputed in backward (``core="sdpa"``)
+====================  ===============================================================
+
+Training mode with gradients enabled quantizes (and updates the estimates); eval mode, or no
+input needing a gradient, runs the plain PyTorch op: nothing is quantized, no estimate moves.
+CPU tensors run the CPU twin, CUDA tensors the CUDA kernels on the current stream. Under
+torch.autocast each op computes in the dtype autocast would give it (linear and matmul in the
+autocast dtype; layer_norm and softmax in float32; GELU/SiLU/ReLU in their input's dtype), and
+its backward in the same dtype.
+
+:func:`convert` swaps the modules of a timm-style ViT (and of lowbit._tiny's ViT) in place.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lowbit import _torch_ops as _ops
+
+__all__ = [
+    "ActQuantizer",
+    "MesaAttention",
+    "MesaGELU",
+    "MesaLayerNorm",
+    "MesaLinear",
+    "MesaMatMul",
+    "MesaReLU",
+    "MesaSiLU",
+    "MesaSoftmax",
+    "MesaSoftmaxMatMul",
+    "MesaTinyBlock",
+    "convert",
+    "saved_bytes",
+]
+
+_ROUNDINGS = ("nearest_even", "stochastic")
+
+
+class ActQuantizer(nn.Module):
+    """The running estimates of one saved activation: ``groups`` groups of consecutive indices
+    along ``dim`` (``x.shape[dim]`` must be a multiple of ``groups``), buffers ``alpha`` (the
+    step; negative until the first training batch sets it) and ``beta`` (the offset, the running
+    minimum). ``momentum`` m: alpha = m alpha + (1 - m) (max - min) / 255, beta = m beta +
+    (1 - m) min per batch, before the batch is quantized (every batch is encoded by estimates
+    that have seen it); ``lagged=True`` encodes a batch with the estimates of the batches before
+    it and updates them from the same read of x (one pass over memory instead of two; the first
+    call after construction or load_state_dict updates first). ``enabled=False`` keeps the
+    activation itself instead of its codes (the exact-backward baseline of the tests; saves no
+    memory)."""
+
+    def __init__(self, groups: int = 1, dim: int = -1, momentum: float = 0.9,
+                 rounding: str = "nearest_even", random_bits: int = 16, seed: int = 0,
+                 enabled: bool = True, lagged: bool = False) -> None:
+        super().__init__()
+        if not isinstance(groups, int) or groups < 1:
+            raise ValueError(f"groups: expected a positive int, got {groups!r}")
+        if not 0.0 <= float(momentum) <= 1.0:
+            raise ValueError(f"momentum: expected a value in [0, 1], got {momentum!r}")
+        if rounding not in _ROUNDINGS:
+            raise ValueError(f"rounding: expected one of {', '.join(_ROUNDINGS)}, got "
+                             f"{rounding!r}")
+        if rounding == "stochastic" and not 1 <= random_bits <= 32:
+            raise ValueError(f"random_bits: expected 1..32, got {random_bits!r}")
+        self.groups, self.dim, self.momentum = groups, dim, float(momentum)
+        self.rounding, self.random_bits, self.seed = rounding, random_bits, seed
+        self.enabled, self.lagged = enabled, lagged
+        self.calls = 0  # the offset of the next stochastic-rounding stream
+        self._estimated = False  # whether alpha, beta hold estimates (lagged mode)
+        self.register_buffer("alpha", torch.full((groups,), -1.0))
+        self.register_buffer("beta", torch.zeros(groups))
+
+    def extra_repr(self) -> str:
+        return (f"groups={self.groups}, dim={self.dim}, momentum={self.momentum}, "
+                f"rounding={self.rounding}" + (", lagged=True" if self.lagged else "")
+                + ("" if self.enabled else ", enabled=False"))
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._estimated = False  # the loaded estimates may be unset: update before the next use
+
+    def _state_on(self, x: torch.Tensor) -> None:
+        # model.half() / .to(device) move buffers too: the kernels keep them float32.
+        if self.alpha.dtype != torch.float32 or self.alpha.device != x.device:
+            self.alpha = self.alpha.to(device=x.device, dtype=torch.float32).contiguous()
+            self.beta = self.beta.to(device=x.device, dtype=torch.float32).contiguous()
+
+    def group_size(self, x: torch.Tensor) -> int:
+        c = x.shape[self.dim]
+        if c % self.groups:
+            raise ValueError(f"{type(self).__name__}: x.shape[{self.dim}] = {c} is not a "
+                             f"multiple of groups = {self.groups}")
+        return c // self.groups
+
+    def pack(self, x: torch.Tensor, update: bool = True) -> tuple:
+        """What the backward pass keeps of x: (codes, alpha, beta) with the estimates that
+        encoded it (copies, so that later batches do not change them), or (x,) when not
+        enabled."""
+        if not self.enabled:
+            return (x.detach(),)
+        self._state_on(x)
+        gs = self.group_size(x)
+        stochastic = self.rounding == "stochastic"
+        lagged = self.lagged and self._estimated and update
+        if lagged:  # the estimates as they are encode x; the call then updates them
+            alpha, beta = self.alpha.clone(), self.beta.clone()
+        codes = _ops.eager_or_op("actquant_quantize")(
+            x.detach().contiguous(), self.alpha, self.beta, self.dim, gs, update, lagged,
+            self.momentum, stochastic, self.random_bits, self.seed, self.calls)
+        self.calls += 1
+        self._estimated = self._estimated or update
+        if not lagged:
+            alpha, beta = self.alpha.clone(), self.beta.clone()
+        return (codes, alpha, beta)
+
+    def unpack(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        if len(packed) == 1:
+            return packed[0].to(dtype)
+        codes, alpha, beta = packed
+        gs = codes.shape[self.dim] // self.groups
+        return _ops.eager_or_op("actquant_dequantize")(codes, alpha, beta, self.dim, gs, dtype)
+
+
+def _needs_saving(module: nn.Module, *tensors: Optional[torch.Tensor]) -> bool:
+    return (module.training and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+def _low(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype of an op autocast runs in lower precision (linear, matmul)."""
+    d = _autocast_dtype(x)
+    if d is not None:
+        return d
+    out = x.dtype
+    for t in tensors:
+        if t is not None:
+            out = torch.promote_types(out, t.dtype)
+    return out
+
+
+def _fp32(x: torch.Tensor) -> torch.dtype:
+    """The dtype of an op autocast runs in float32 (layer_norm, softmax)."""
+    return torch.float32 if _autocast_dtype(x) is not None else x.dtype
+
+
+def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(dtype)
+
+
+def _stash(ctx, tensors: list) -> None:
+    """save_for_backward of a flat list that may hold None."""
+    ctx.n_saved = len(tensors)
+    ctx.none = [t is None for t in tensors]
+    ctx.save_for_backward(*[t for t in tensors if t is not None])
+
+
+def _unstash(ctx) -> list:
+    it = iter(ctx.saved_tensors)
+    return [None if n else next(it) for n in ctx.none]
+
+
+# ---- Linear --------------------------------------------------------------------------------
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, quant, dtype):
+        xc = x.to(dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.linear(xc, weight.to(dtype), _cast(bias, dtype))
+        packed = quant.pack(xc) if ctx.needs_input_grad[1] else ()
+        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.has_bias = quant, dtype, x.dtype, bias is not None
+        ctx.n_packed = len(packed)
+        _stash(ctx, [*packed, weight, bias])
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved = _unstash(ctx)
+        packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
+        gy = gy.to(ctx.dtype)
+        gx = gw = gb = None
+        with torch.autocast(gy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                gx = (gy @ weight.to(ctx.dtype)).to(ctx.x_dtype)
+            if ctx.needs_input_grad[1]:
+                xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
+                gw = (gy.reshape(-1, gy.shape[-1]).t() @ xd.reshape(-1, xd.shape[-1])
+                      ).to(weight.dtype)
+            if bias is not None and ctx.needs_input_grad[2]:
+                gb = gy.reshape(-1, gy.shape[-1]).sum(0).to(bias.dtype)
+        return gx, gw, gb, None, None
+
+
+class MesaLinear(nn.Linear):
+    """nn.Linear whose backward reads an 8-bit copy of its input (groups along the last
+    dimension: ``groups`` blocks of in_features / groups channels)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device=None, dtype=None, *, groups: int = 1, **quant) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.quant = ActQuantizer(groups, -1, **quant)
+
+    @classmethod
+    def from_linear(cls, m: nn.Linear, groups: int = 1, **quant) -> "MesaLinear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = m.in_features, m.out_features
+        new.weight, new.bias = m.weight, m.bias
+        new.quant = ActQuantizer(groups, -1, **quant).to(m.weight.device)
+        new.train(m.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, x, self.weight, self.bias):
+            return F.linear(x, self.weight, self.bias)
+        return _LinearFn.apply(x, self.weight, self.bias, self.quant,
+                               _low(x, self.weight, self.bias))
+
+
+# ---- element-wise activations ---------------------------------------------------------------
+
+
+class _PointwiseFn(torch.autograd.Function):
+    """y = fn(x) with x saved in 8 bits; the backward is autograd's exact backward of fn at the
+    dequantized x (fn recomputed there, element-wise)."""
+
+    @staticmethod
+    def forward(ctx, x, quant, fn):
+        with torch.autocast(x.device.type, enabled=False):
+            y = fn(x)
+        packed = quant.pack(x)
+        ctx.quant, ctx.fn, ctx.dtype = quant, fn, x.dtype
+        ctx.save_for_backward(*packed)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype).requires_grad_()
+        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
+            (gx,) = torch.autograd.grad(ctx.fn(xd), xd, gy)
+        return gx, None, None
+
+
+class _Pointwise(nn.Module):
+    def __init__(self, *, groups: int = 1, dim: int = -1, **quant) -> None:
+        super().__init__()
+        self.quant = ActQuantizer(groups, dim, **quant)
+
+    def _fn(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, x):
+            return self._fn(x)
+        return _PointwiseFn.apply(x, self.quant, self._fn)
+
+
+class MesaGELU(_Pointwise):
+    """nn.GELU (``approximate`` "none" or "tanh") saving its input in 8 bits."""
+
+    def __init__(self, approximate: str = "none", **kw) -> None:
+        super().__init__(**kw)
+        self.approximate = approximate
+
+    def _fn(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate=self.approximate)
+
+
+class MesaSiLU(_Pointwise):
+    """nn.SiLU saving its input in 8 bits."""
+
+    def _fn(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
+
+class _ReLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, quant):
+        y = F.relu(x)
+        packed = quant.pack(x)
+        ctx.quant, ctx.dtype = quant, x.dtype
+        ctx.save_for_backward(*packed)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
+        return gy * (xd > 0).to(gy.dtype), None
+
+
+class MesaReLU(_Pointwise):
+    """nn.ReLU saving its input in 8 bits (its backward needs only x > 0)."""
+
+    def _fn(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, x):
+            return F.relu(x)
+        return _ReLUFn.apply(x, self.quant)
+
+
+# ---- LayerNorm ------------------------------------------------------------------------------
+
+
+class _LayerNormFn(torch.autograd.Function):
+    """layer_norm with its input saved in 8 bits; the backward recomputes the statistics (mean,
+    variance) from the dequantized input and takes autograd's exact backward there."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, shape, eps, quant, dtype):
+        xc = x.to(dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.layer_norm(xc, shape, _cast(weight, dtype), _cast(bias, dtype), eps)
+        packed = quant.pack(xc)
+        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.shape, ctx.eps = quant, dtype, x.dtype, shape, eps
+        ctx.n_packed = len(packed)
+        _stash(ctx, [*packed, weight, bias])
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved = _unstash(ctx)
+        packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
+        xd = ctx.quant.unpack(tuple(packed), ctx.dtype).requires_grad_()
+        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
+            w = None if weight is None else weight.detach().requires_grad_()
+            b = None if bias is None else bias.detach().requires_grad_()
+            y = F.layer_norm(xd, ctx.shape, _cast(w, ctx.dtype), _cast(b, ctx.dtype), ctx.eps)
+            wanted = [t for t in (xd, w, b) if t is not None]
+            grads = list(torch.autograd.grad(y, wanted, gy.to(y.dtype), allow_unused=True))
+        gx = grads.pop(0).to(ctx.x_dtype)
+        gw = grads.pop(0) if w is not None else None
+        gb = grads.pop(0) if b is not None else None
+        return gx, gw, gb, None, None, None, None
+
+
+class MesaLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm saving its input in 8 bits (groups along the last dimension); the backward
+    recomputes mean and variance from the dequantized input (so the saved statistics, 8 bytes a
+    row, are not kept)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None, *, groups: int = 1,
+                 **quant) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self.quant = ActQuantizer(groups, -1, **quant)
+
+    @classmethod
+    def from_layernorm(cls, m: nn.LayerNorm, groups: int = 1, **quant) -> "MesaLayerNorm":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.normalized_shape, new.eps = m.normalized_shape, m.eps
+        new.elementwise_affine = m.elementwise_affine
+        new.weight, new.bias = m.weight, m.bias
+        dev = m.weight.device if m.weight is not None else None
+        new.quant = ActQuantizer(groups, -1, **quant).to(dev)
+        new.train(m.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, x, self.weight, self.bias):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return _LayerNormFn.apply(x, self.weight, self.bias, tuple(self.normalized_shape),
+                                  self.eps, self.quant, _fp32(x))
+
+
+# ---- Softmax, MatMul, the attention core ------------------------------------------------------
+
+
+def _softmax_backward(y: torch.Tensor, gy: torch.Tensor, dim: int) -> torch.Tensor:
+    return y * (gy - (gy * y).sum(dim, keepdim=True))
+
+
+class _SoftmaxFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, quant, dtype):
+        with torch.autocast(x.device.type, enabled=False):
+            y = torch.softmax(x.to(dtype), dim)
+        packed = quant.pack(y)
+        ctx.quant, ctx.dim, ctx.dtype, ctx.x_dtype = quant, dim, dtype, x.dtype
+        ctx.save_for_backward(*packed)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        yd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
+        with torch.autocast(gy.device.type, enabled=False):
+            gx = _softmax_backward(yd, gy.to(ctx.dtype), ctx.dim)
+        return gx.to(ctx.x_dtype), None, None, None
+
+
+class MesaSoftmax(nn.Module):
+    """nn.Softmax saving its output in 8 bits (``groups`` along ``group_dim``: heads of an
+    attention map [batch, heads, tokens, tokens] with group_dim=1)."""
+
+    def __init__(self, dim: int = -1, *, groups: int = 1, group_dim: int = 1, **quant) -> None:
+        super().__init__()
+        self.dim = dim
+        self.quant = ActQuantizer(groups, group_dim, **quant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, x):
+            return torch.softmax(x, self.dim)
+        return _SoftmaxFn.apply(x, self.dim, self.quant, _fp32(x))
+
+
+def _mT(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-2, -1)
+
+
+def _sum_to(g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """g reduced over the broadcast dimensions of an operand of `shape`."""
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for d, s in enumerate(shape):
+        if s == 1 and g.shape[d] != 1:
+            g = g.sum(d, keepdim=True)
+    return g
+
+
+class _MatMulFn(torch.autograd.Function):
+    """a @ b (b^T with transpose_b), both operands saved in 8 bits."""
+
+    @staticmethod
+    def forward(ctx, a, b, transpose_b, qa, qb, dtype):
+        with torch.autocast(a.device.type, enabled=False):
+            ac, bc = a.to(dtype), b.to(dtype)
+            y = ac @ (_mT(bc) if transpose_b else bc)
+        pa = qa.pack(ac) if ctx.needs_input_grad[1] else ()
+        pb = qb.pack(bc) if ctx.needs_input_grad[0] else ()
+        ctx.qa, ctx.qb, ctx.t, ctx.dtype, ctx.na = qa, qb, transpose_b, dtype, len(pa)
+        ctx.a_meta, ctx.b_meta = (a.dtype, a.shape), (b.dtype, b.shape)
+        ctx.save_for_backward(*pa, *pb)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved = ctx.saved_tensors
+        pa, pb = saved[:ctx.na], saved[ctx.na:]
+        gy = gy.to(ctx.dtype)
+        ga = gb = None
+        with torch.autocast(gy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                bd = ctx.qb.unpack(pb, ctx.dtype)
+                ga = _sum_to(gy @ (bd if ctx.t else _mT(bd)), ctx.a_meta[1]).to(ctx.a_meta[0])
+            if ctx.needs_input_grad[1]:
+                ad = ctx.qa.unpack(pa, ctx.dtype)
+                g = _mT(gy) @ ad if ctx.t else _mT(ad) @ gy
+                gb = _sum_to(g, ctx.b_meta[1]).to(ctx.b_meta[0])
+        return ga, gb, None, None, None, None
+
+
+class MesaMatMul(nn.Module):
+    """torch.matmul(a, b) (a @ b^T with ``transpose_b``) saving both operands in 8 bits, each
+    with ``groups`` groups along ``dim`` (heads: dim 1 of [batch, heads, tokens, head_dim])."""
+
+    def __init__(self, transpose_b: bool = False, *, groups: int = 1, dim: int = 1,
+                 **quant) -> None:
+        super().__init__()
+        self.transpose_b = transpose_b
+        self.quant_a = ActQuantizer(groups, dim, **quant)
+        self.quant_b = ActQuantizer(groups, dim, **quant)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, a, b):
+            return a @ (_mT(b) if self.transpose_b else b)
+        return _MatMulFn.apply(a, b, self.transpose_b, self.quant_a, self.quant_b, _low(a, b))
+
+
+class _SoftmaxMatMulFn(torch.autograd.Function):
+    """softmax(s) @ v (softmax in float32 under autocast, the product in the autocast dtype):
+    the softmax output is saved once in 8 bits and read by both backwards, v in 8 bits."""
+
+    @staticmethod
+    def forward(ctx, s, v, qp, qv, sm_dtype, mm_dtype):
+        with torch.autocast(s.device.type, enabled=False):
+            p = torch.softmax(s.to(sm_dtype), -1)
+            vc = v.to(mm_dtype)
+            y = p.to(mm_dtype) @ vc
+        pp = qp.pack(p)
+        pv = qv.pack(vc) if ctx.needs_input_grad[0] else ()
+        ctx.qp, ctx.qv, ctx.np = qp, qv, len(pp)
+        ctx.sm, ctx.mm, ctx.s_dtype, ctx.v_meta = sm_dtype, mm_dtype, s.dtype, (v.dtype, v.shape)
+        ctx.save_for_backward(*pp, *pv)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved = ctx.saved_tensors
+        pp, pv = saved[:ctx.np], saved[ctx.np:]
+        gy = gy.to(ctx.mm)
+        pd = ctx.qp.unpack(pp, ctx.sm)
+        gs = gv = None
+        with torch.autocast(gy.device.type, enabled=False):
+            if ctx.needs_input_grad[1]:
+                gv = _sum_to(_mT(pd.to(ctx.mm)) @ gy, ctx.v_meta[1]).to(ctx.v_meta[0])
+            if ctx.needs_input_grad[0]:
+                vd = ctx.qv.unpack(pv, ctx.mm)
+                gp = (gy @ _mT(vd)).to(ctx.sm)
+                gs = _softmax_backward(pd, gp, -1).to(ctx.s_dtype)
+        return gs, gv, None, None, None, None
+
+
+class MesaSoftmaxMatMul(nn.Module):
+    """softmax(s, -1) @ v for attention maps s [batch, heads, tokens, tokens]: one 8-bit copy of
+    the softmax output (groups per head) serves the softmax's and the matmul's backward."""
+
+    def __init__(self, *, groups: int = 1, dim: int = 1, **quant) -> None:
+        super().__init__()
+        self.quant_p = ActQuantizer(groups, dim, **quant)
+        self.quant_v = ActQuantizer(groups, dim, **quant)
+
+    def forward(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if not _needs_saving(self, s, v):
+            return torch.softmax(s, -1).to(v.dtype) @ v
+        return _SoftmaxMatMulFn.apply(s, v, self.quant_p, self.quant_v, _fp32(s), _low(s, v))
+
+
+class _SdpaFn(torch.autograd.Function):
+    """scaled_dot_product_attention(q, k, v) with q, k, v saved in 8 bits; the backward
+    recomputes the fused attention from the dequantized q, k, v and takes its exact backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, quants, dtype):
+        with torch.autocast(q.device.type, enabled=False):
+            qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
+            y = F.scaled_dot_product_attention(qc, kc, vc, scale=scale)
+        packs = [qz.pack(t) for qz, t in zip(quants, (qc, kc, vc))]
+        ctx.quants, ctx.scale, ctx.dtype = quants, scale, dtype
+        ctx.lens = [len(p) for p in packs]
+        ctx.metas = [t.dtype for t in (q, k, v)]
+        ctx.save_for_backward(*packs[0], *packs[1], *packs[2])
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        saved, at, ins = ctx.saved_tensors, 0, []
+        for qz, n in zip(ctx.quants, ctx.lens):
+            ins.append(qz.unpack(saved[at:at + n], ctx.dtype).requires_grad_())
+            at += n
+        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
+            y = F.scaled_dot_product_attention(*ins, scale=ctx.scale)
+            grads = torch.autograd.grad(y, ins, gy.to(y.dtype))
+        return (*(g.to(d) for g, d in zip(grads, ctx.metas)), None, None, None)
+
+
+class MesaAttention(nn.Module):
+    """timm's Attention (qkv, proj, num_heads; no attention dropout) with every tensor its
+    backward reads kept in 8 bits, head-wise: the qkv input (``groups`` along channels), the
+    proj input (one group per head's channels), and the attention core: ``core="explicit"``
+    (the paper's): q and k of q k^T (per head), the softmax output and v (per head);
+    ``core="sdpa"``: q, k, v of a fused scaled_dot_product_attention, recomputed in backward."""
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, *,
+                 core: str = "explicit", groups: int = 1, scale: Optional[float] = None,
+                 **quant) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim = {dim} is not a multiple of num_heads = {num_heads}")
+        if core not in ("explicit", "sdpa"):
+            raise ValueError(f"core: expected 'explicit' or 'sdpa', got {core!r}")
+        self.num_heads, self.head_dim, self.core = num_heads, dim // num_heads, core
+        self.scale = scale if scale is not None else self.head_dim ** -0.5
+        self.qkv = MesaLinear(dim, 3 * dim, bias=qkv_bias, groups=groups, **quant)
+        self.proj = MesaLinear(dim, dim, groups=num_heads, **quant)
+        self._core_modules(quant)
+
+    def _core_modules(self, quant: dict) -> None:
+        h = self.num_heads
+        if self.core == "explicit":
+            self.qk = MesaMatMul(transpose_b=True, groups=h, dim=1, **quant)
+            self.pv = MesaSoftmaxMatMul(groups=h, dim=1, **quant)
+        else:
+            self.quant_q = ActQuantizer(h, 1, **quant)
+            self.quant_k = ActQuantizer(h, 1, **quant)
+            self.quant_v = ActQuantizer(h, 1, **quant)
+
+    @classmethod
+    def from_timm(cls, attn: nn.Module, core: str = "explicit", groups: int = 1,
+                  **quant) -> "MesaAttention":
+        drop = getattr(getattr(attn, "attn_drop", None), "p", 0.0)
+        if drop:
+            raise ValueError(f"MesaAttention: attention dropout ({drop}) is not supported")
+        for name in ("q_norm", "k_norm", "norm"):  # timm's qk_norm and scale_norm
+            if not isinstance(getattr(attn, name, nn.Identity()), nn.Identity):
+                raise ValueError(f"MesaAttention: {name} is not supported")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.num_heads = attn.num_heads
+        new.head_dim = attn.qkv.in_features // attn.num_heads
+        new.scale = float(getattr(attn, "scale", new.head_dim ** -0.5))
+        new.core = core
+        new.qkv = MesaLinear.from_linear(attn.qkv, groups, **quant)
+        new.proj = MesaLinear.from_linear(attn.proj, attn.num_heads, **quant)
+        if core not in ("explicit", "sdpa"):
+            raise ValueError(f"core: expected 'explicit' or 'sdpa', got {core!r}")
+        new._core_modules(quant)
+        new.to(attn.qkv.weight.device)
+        new.proj_drop = getattr(attn, "proj_drop", nn.Identity())
+        new.train(attn.training)
+        return new
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The core on [batch, heads, tokens, head_dim] tensors."""
+        if self.core == "explicit":
+            return self.pv(self.qk(q * self.scale, k), v)
+        if not _needs_saving(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return _SdpaFn.apply(q, k, v, self.scale, (self.quant_q, self.quant_k, self.quant_v),
+                             _low(q, k, v))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = self.attend(q, k, v).transpose(1, 2).reshape(b, n, c)
+        x = self.proj(x)
+        drop = getattr(self, "proj_drop", None)
+        return drop(x) if drop is not None else x
+
+
+# ---- lowbit._tiny's ViT block --------------------------------------------------------------
+
+
+class MesaTinyBlock(nn.Module):
+    """lowbit._tiny.Block (the library's small ViT) with Mesa modules: the same parameters and
+    state_dict keys (norm1, qkv, proj, norm2, fc1, fc2), plus the quantizers."""
+
+    def __init__(self, blk: nn.Module, core: str = "explicit", groups: int = 1,
+                 **quant) -> None:
+        super().__init__()
+        self.heads = blk.heads
+        self.norm1 = MesaLayerNorm.from_layernorm(blk.norm1, groups, **quant)
+        self.qkv = MesaLinear.from_linear(blk.qkv, groups, **quant)
+        self.proj = MesaLinear.from_linear(blk.proj, blk.heads, **quant)
+        self.norm2 = MesaLayerNorm.from_layernorm(blk.norm2, groups, **quant)
+        self.fc1 = MesaLinear.from_linear(blk.fc1, groups, **quant)
+        self.act = MesaGELU(groups=groups, **quant)
+        self.fc2 = MesaLinear.from_linear(blk.fc2, groups, **quant)
+        width = blk.qkv.in_features
+        self.attn = MesaAttention.__new__(MesaAttention)
+        nn.Module.__init__(self.attn)
+        self.attn.num_heads, self.attn.head_dim = blk.heads, width // blk.heads
+        self.attn.scale, self.attn.core = (width // blk.heads) ** -0.5, core
+        if core not in ("explicit", "sdpa"):
+            raise ValueError(f"core: expected 'explicit' or 'sdpa', got {core!r}")
+        self.attn._core_modules(quant)
+        self.to(blk.qkv.weight.device)
+        self.train(blk.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        a = self.attn.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+# ---- convert ----------------------------------------------------------------------------------
+
+
+def _is_timm_attention(m: nn.Module) -> bool:
+    return (type(m).__name__ == "Attention" and isinstance(getattr(m, "qkv", None), nn.Linear)
+            and isinstance(getattr(m, "proj", None), nn.Linear) and hasattr(m, "num_heads"))
+
+
+def _is_tiny_block(m: nn.Module) -> bool:
+    from lowbit import _tiny
+
+    return type(m) is _tiny.Block
+
+
+def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
+            momentum: float = 0.9, rounding: str = "nearest_even", random_bits: int = 16,
+            seed: int = 0, lagged: bool = False,
+            filter: Optional[Callable[[str, nn.Module], bool]] = None,
+            layers: tuple = ("linear", "layernorm", "gelu", "silu", "relu", "softmax",
+                             "attention")) -> nn.Module:
+    """Replaces, in place, the modules of a timm-style ViT by their Mesa counterparts holding
+    the same parameters: timm's Attention -> MesaAttention (``core``), nn.Linear -> MesaLinear,
+    nn.LayerNorm -> MesaLayerNorm, nn.GELU / nn.SiLU / nn.ReLU -> MesaGELU / MesaSiLU /
+    MesaReLU, nn.Softmax -> MesaSoftmax; lowbit._tiny's Block -> MesaTinyBlock. ``filter(name,
+    module)`` picks candidates (all without one), ``layers`` the kinds; ``momentum``,
+    ``rounding``, ``random_bits``, ``lagged``: those of every :class:`ActQuantizer`. Each gets its
+    own seed (``seed`` + its index) for stochastic rounding. The state_dict keeps every key and
+    adds the quantizers' alpha/beta buffers (load an original state_dict with strict=False).
+    Returns ``model`` (or the new module when ``model`` itself is replaced)."""
+    if filter is not None and not callable(filter):
+        raise TypeError(f"filter: expected a callable (name, module) -> bool, got "
+                        f"{type(filter).__name__}")
+    unknown = set(layers) - {"linear", "layernorm", "gelu", "silu", "relu", "softmax",
+                             "attention"}
+    if unknown:
+        raise ValueError(f"layers: unknown kinds {sorted(unknown)}")
+    counter = [0]
+
+    def q() -> dict:
+        counter[0] += 1
+        return dict(momentum=momentum, rounding=rounding, random_bits=random_bits,
+                    seed=seed + 7919 * counter[0], lagged=lagged)
+
+    def replacement(name: str, m: nn.Module) -> Optional[nn.Module]:
+        if filter is not None and not filter(name, m):
+            return None
+        if "attention" in layers and _is_tiny_block(m):
+            return MesaTinyBlock(m, core, groups, **q())
+        if "attention" in layers and _is_timm_attention(m):
+            return MesaAttention.from_timm(m, core, groups, **q())
+        if "linear" in layers and type(m) is nn.Linear:
+            return MesaLinear.from_linear(m, groups, **q())
+        if "layernorm" in layers and type(m) is nn.LayerNorm:
+            return MesaLayerNorm.from_layernorm(m, groups, **q())
+        if "gelu" in layers and type(m) is nn.GELU:
+            return MesaGELU(m.approximate, groups=1, **q()).train(m.training)
+        if "silu" in layers and type(m) is nn.SiLU:
+            return MesaSiLU(groups=1, **q()).train(m.training)
+        if "relu" in layers and type(m) is nn.ReLU:
+            return MesaReLU(groups=1, **q()).train(m.training)
+        if "softmax" in layers and type(m) is nn.Softmax:
+            return MesaSoftmax(m.dim if m.dim is not None else -1, groups=1,
+                               **q()).train(m.training)
+        return None
+
+    top = replacement("", model)
+    if top is not None:
+        return top
+    visited: set[int] = set()
+
+    def swap(parent: nn.Module, prefix: str) -> None:
+        for child_name, child in list(parent.named_children()):
+            full = f"{prefix}.{child_name}" if prefix else child_name
+            new = replacement(full, child)
+            if new is not None:
+                dev = next(child.parameters(), None)
+                setattr(parent, child_name, new if dev is None else new.to(dev.device))
+            elif id(child) not in visited:
+                visited.add(id(child))
+                swap(child, full)
+
+    swap(model, "")
+    return model
+
+
+def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Optional[nn.Module] = None) -> int:
+    """Bytes of the tensors autograd keeps for the backward of ``fn()`` (saved-tensor hooks;
+    storages counted once), for the memory accounting of docs/techniques/mesa.md. The storages
+    of ``exclude``'s parameters and buffers (which exist anyway) are not counted."""
+    skip = set()
+    if exclude is not None:
+        skip = {t.untyped_storage().data_ptr()
+                for t in [*exclude.parameters(), *exclude.buffers()]}
+    seen: dict = {}
+
+    def pack(t: torch.Tensor):
+        try:
+            key = t.untyped_storage().data_ptr()
+            if key not in skip:
+                seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+        except RuntimeError:
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
