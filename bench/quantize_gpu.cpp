@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -128,6 +129,43 @@ void bm_quantize(benchmark::State& state, kernels::target t, kernels::grouping g
   add_ratio(state, bytes);
 }
 
+// Row quantization of a bfloat16 (rows x cols) matrix, the layout of the SwitchBack layer's
+// activations: bytes = input + codes + scales, once each. Its own buffers (65536 x 5120 takes
+// more than buf()'s), the input buf()'s Gaussian values rounded to bfloat16 (repeated past 2^28).
+struct bf16_buffers {
+  static constexpr std::int64_t n = std::int64_t{65536} * 8192;
+  void* x = nullptr;     // bfloat16 input
+  void* codes = nullptr; // 1 byte per element
+  void* scales = nullptr;
+  bf16_buffers() {
+    ok(cudaMalloc(&x, n * 2));
+    ok(cudaMalloc(&codes, n));
+    ok(cudaMalloc(&scales, 65536 * 4 * 4));
+    auto& B = buf();
+    for (std::int64_t at = 0; at < n; at += B.n) {
+      const std::int64_t len = std::min(B.n, n - at);
+      kernels::cast(dev_view(B.x, dtype::float32, {len}),
+                    dev_view(static_cast<std::uint16_t*>(x) + at, dtype::uint16, {len}),
+                    emu::bfloat16, emu::rne);
+    }
+    ok(cudaDeviceSynchronize());
+  }
+};
+
+void bm_quantize_bf16_rows(benchmark::State& state, kernels::target t, std::int64_t rows,
+                           std::int64_t cols, emu::policy p, std::int64_t pad = 0) {
+  static bf16_buffers B;
+  const std::int64_t n = rows * cols;
+  const double bytes = 2.0 * n + 1.0 * n + 4.0 * rows;
+  const auto x = padded_rows(B.x, dtype::bfloat16, rows, cols, pad);
+  const auto c = padded_rows(B.codes, t.code_dtype(), rows, cols, pad);
+  const auto s = dev_view(B.scales, dtype::float32, {rows});
+  timed(state, bytes, [&] {
+    kernels::quantize(x, c, s, t, kernels::grouping::per_row(), p, {}, {2, 0}, false);
+  });
+  add_ratio(state, bytes);
+}
+
 void bm_mx(benchmark::State& state, kernels::target t, std::int64_t pad = 0) {
   auto& B = buf();
   const std::int64_t cols = 4096, rows = B.n / (cols + pad), n = rows * cols, ns = n / 32;
@@ -187,6 +225,21 @@ void register_all() {
   reg("quantize_rows_e4m3fn_4096", [e4](benchmark::State& s) {
     bm_quantize(s, e4, kernels::grouping::per_row(), 4096, false, emu::rne_sat);
   });
+  // bfloat16 rows (SwitchBack's activations): 1280 and 5120 take the segment kernel, 4096
+  // unpadded the flat kernel, 8192 and the padded rows the segment kernel.
+  for (const std::int64_t cols : {1280, 4096, 5120, 8192}) {
+    const std::int64_t rows = cols == 8192 ? 32768 : 65536;
+    const std::string tail = std::to_string(rows) + "x" + std::to_string(cols);
+    reg("quantize_rows_bf16_int8_" + tail,
+        [=](benchmark::State& s) { bm_quantize_bf16_rows(s, i8, rows, cols, emu::rne); });
+    reg("quantize_rows_bf16_e4m3fn_" + tail,
+        [=](benchmark::State& s) { bm_quantize_bf16_rows(s, e4, rows, cols, emu::rne_sat); });
+  }
+  reg("quantize_rows_bf16_int8_65536x5120_padded",
+      [i8](benchmark::State& s) { bm_quantize_bf16_rows(s, i8, 65536, 5120, emu::rne, 8); });
+  // rows of a multiple of 4 but not 8 elements: 8-byte halves of the 16-byte chunks
+  reg("quantize_rows_bf16_int8_65536x5124",
+      [i8](benchmark::State& s) { bm_quantize_bf16_rows(s, i8, 65536, 5124, emu::rne); });
   reg("quantize_columns_transpose_int8_4096", [i8](benchmark::State& s) {
     bm_quantize(s, i8, kernels::grouping::per_column(), 4096, true, emu::rne);
   });

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "async_copy.cuh"
 #include "cuda_map.cuh"
@@ -165,9 +166,10 @@ constexpr int log2_of(int v) {
   return v <= 1 ? 0 : 1 + log2_of(v / 2);
 }
 
-// Elements per thread of the segment and flat kernels, and the blocks per SM they are compiled
-// for: 4, that is at most 64 registers (the block-wise kernels, whose tables take shared memory,
-// also fit four blocks per SM with two stages).
+// Elements per thread of the flat kernel, and the blocks per SM that it and the segment kernel
+// (with four chunks per thread) are compiled for: 4, that is at most 64 registers (the
+// block-wise kernels, whose tables take shared memory, also fit four blocks per SM with two
+// stages).
 constexpr int elements_per_thread = 16;
 constexpr int min_blocks = 4;
 // Threads of the flat kernel's blocks: one block per SM, so that the rules' shared tables are
@@ -330,37 +332,124 @@ __device__ __forceinline__ void chunk_bits(const emu::random_stream& rng, std::u
   }
 }
 
-// Row segments of up to 256 * E elements: a segment owns `seg_lanes` adjacent lanes (a power of
-// two, <= 256, the block), and its elements are cut into chunks of four, chunk j of the segment
-// going to lane j % seg_lanes: each thread holds E / 4 chunks, and a warp's load of one chunk per
-// lane touches whole 32-byte sectors. The segment's amax is reduced by shuffles within a warp and,
-// for segments longer than a warp, through shared memory; the elements are then encoded from
-// registers, so x is read once. Blocks are (bx x by) with bx a power of two >= seg_lanes, so
-// segments never straddle blocks or warps unevenly. Which lane holds which element does not
-// change any result bit.
+// Row segments of up to 256 * J * C elements, C = chunk_elements<In> the elements of a 16-byte
+// chunk (4 floats, 8 16-bit floats): a segment owns `seg_lanes` adjacent lanes (a power of two,
+// <= 256, the block), and its elements are cut into chunks of C, chunk j of the segment going to
+// lane j % seg_lanes: each thread holds J chunks (64 bytes for J = 4, 128 for J = 8), and a warp's
+// load of one chunk per lane touches whole 32-byte sectors. The segment's amax is reduced by
+// shuffles within a warp and, for segments longer than a warp, through shared memory at one
+// barrier per segment; the elements are then encoded from registers, so x is read once. Chunks
+// past the segment's end are neither loaded nor encoded: where a segment does not fill its lanes'
+// chunks, whole warps skip their last ones. Blocks are (bx x by) with bx a power of two >=
+// seg_lanes, so segments never straddle blocks or warps unevenly. Which lane holds which element
+// does not change any result bit.
 //
-// A block walks its segments (lane blocks inner, row blocks outer). Where rows allow 16-byte
-// (float) or 8-byte (16-bit inputs) chunks, the chunks are staged through shared memory by
-// asynchronous copies `stages - 1` segments ahead of the one being encoded: memory then has that
-// many segments of every thread in flight while the SM computes, without holding them in
+// A block walks its segments (lane blocks inner, row blocks outer). Where rows allow (lengths,
+// row strides and pointers in multiples of 4 elements), the chunks are staged through shared
+// memory by asynchronous copies `stages - 1` segments ahead of the one being encoded: memory then
+// has that many segments of every thread in flight while the SM computes, without holding them in
 // registers (with loads into registers, a thread's bytes in flight were bounded by its registers,
-// and DRAM idled through the arithmetic). Other rows load element by element, unstaged.
-template <int E, class In>
-inline constexpr int stage_bytes = threads* E* static_cast<int>(sizeof(In));
+// and DRAM idled through the arithmetic). A chunk is one 16-byte copy where rows allow whole
+// chunks (`wide`), else, for 16-bit inputs, two 8-byte halves, the second where it exists (rows
+// whose lengths are multiples of 4 but not 8, or that are only 8-byte aligned). Other rows load
+// element by element, unstaged.
+template <class In> inline constexpr int chunk_elements = 16 / static_cast<int>(sizeof(In));
+template <int J> inline constexpr int stage_bytes = threads* J * 16;
 template <class Rule> inline constexpr int staging_offset = (shared_bytes_of<Rule> + 15) / 16 * 16;
+// J = 8 holds 32 registers of elements: three blocks per SM (at most 80 registers).
+template <int J> inline constexpr int segment_min_blocks = J <= 4 ? min_blocks : 3;
 
-template <int E, class Rule, class In, class Code>
-__global__ void __launch_bounds__(threads, min_blocks)
+// The maximum of |x| bits (abs_bits of the element values) of J chunks. 16-bit inputs by
+// maxima of their magnitude bits, two halfwords per instruction: their values are symmetric in
+// the sign and never decrease as those bits grow (bfloat16 is a float's high half; float16's
+// NaNs all decode to one NaN above Inf), so the largest magnitude bits give the largest |x| bits.
+template <int J, class In>
+__device__ __forceinline__ std::uint32_t chunks_abs_max(const vec<In, chunk_elements<In>> (&w)[J]) {
+  constexpr int C = chunk_elements<In>;
+  if constexpr (sizeof(In) == 2) {
+    constexpr int N = J * 4; // words
+    std::uint32_t u[N];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      uint4 q;
+      __builtin_memcpy(&q, &w[j], sizeof(q));
+      u[j * 4] = q.x & 0x7FFF7FFFu;
+      u[j * 4 + 1] = q.y & 0x7FFF7FFFu;
+      u[j * 4 + 2] = q.z & 0x7FFF7FFFu;
+      u[j * 4 + 3] = q.w & 0x7FFF7FFFu;
+    }
+#pragma unroll
+    for (int s = N / 2; s >= 1; s /= 2)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i)
+        if (i < s)
+          u[i] = __vmaxu2(u[i], u[i + s]);
+    const std::uint32_t m = max(u[0] & 0xFFFFu, u[0] >> 16);
+    return abs_bits(element_ops::load(In{static_cast<std::uint16_t>(m)}));
+  } else {
+    float v[J * C];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int e = 0; e < C; ++e)
+        v[j * C + e] = element_ops::load(w[j].v[e]);
+    return abs_max_bits(v);
+  }
+}
+
+// Element e of a chunk as its float value (element_ops::load): bfloat16 straight from the
+// chunk's words, the high half by a mask, the low one by a shift.
+template <class In, int C>
+__device__ __forceinline__ float chunk_value(const vec<In, C>& w, int e) {
+  if constexpr (std::is_same_v<In, element_ops::bf16_bits>) {
+    std::uint32_t q[C / 2];
+    __builtin_memcpy(q, &w, sizeof(q));
+    return __uint_as_float(e % 2 == 0 ? q[e / 2] << 16 : q[e / 2] & 0xFFFF0000u);
+  } else {
+    return element_ops::load(w.v[e]);
+  }
+}
+
+// Stores the codes c[from .. from + N - 1] at out (N = 4 or 8 codes, aligned to their size):
+// byte codes packed into words by byte permutes, stored as words.
+template <class Rule, class Code, int N, int M>
+__device__ __forceinline__ void store_codes(Code* out, const std::uint32_t (&c)[M], int from) {
+  static_assert(N == 4 || N == 8);
+  if constexpr (sizeof(Code) == 1) {
+    constexpr int B = code_byte_of<Rule>;
+    const auto word = [&](int q) {
+      return pack_bytes<B>(c[from + 4 * q], c[from + 4 * q + 1], c[from + 4 * q + 2],
+                           c[from + 4 * q + 3]);
+    };
+    if constexpr (N == 8)
+      *reinterpret_cast<uint2*>(out) = make_uint2(word(0), word(1));
+    else
+      *reinterpret_cast<std::uint32_t*>(out) = word(0);
+  } else {
+    vec<Code, N> w;
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      w.v[e] = code_value<Rule, Code>(c[from + e]);
+    *reinterpret_cast<vec<Code, N>*>(out) = w;
+  }
+}
+
+template <int J, class Rule, class In, class Code>
+__global__ void __launch_bounds__(threads, segment_min_blocks<J>)
     segment_kernel(const In* __restrict__ x, std::int64_t xrs, Code* __restrict__ codes,
                    std::int64_t crs, typename Rule::scale_type* __restrict__ scales,
                    std::int64_t rows, std::int64_t cols, std::int64_t k, int seg_shift,
-                   std::int64_t lanes_per_row, bool vector, int stages,
+                   std::int64_t lanes_per_row, bool vector, bool wide, int stages,
                    const __grid_constant__ Rule rule_in, emu::random_stream rng) {
-  static_assert(E % 4 == 0, "whole chunks of four");
-  constexpr int J = E / 4; // chunks per thread
-  using chunk = vec<In, 4>;
+  constexpr int C = chunk_elements<In>;
+  static_assert(C == 4 || C == 8, "float32 or 16-bit inputs");
+  using chunk = vec<In, C>;
   const auto rule = in_shared(rule_in);
-  __shared__ __align__(16) std::uint32_t warp_max_smem[threads / 32];
+  // Warp maxima of segments that span warps, by the parity of the block's segments: a warp
+  // writes one half for segment t after the barrier of segment t - 1, which every warp reaches
+  // only after reading that half for segment t - 2.
+  __shared__ __align__(16) std::uint32_t warp_max_smem[2][threads / 32];
+  int parity = 0;
   const int seg_lanes = 1 << seg_shift;
   const std::int64_t nseg = (cols + k - 1) / k;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -384,7 +473,7 @@ __global__ void __launch_bounds__(threads, min_blocks)
     p.len = p.r < rows && p.seg < nseg ? static_cast<int>(min(k, cols - p.c0)) : 0;
     return p;
   };
-  const auto offset = [&](int j) { return (j * seg_lanes + chunk_lane) * 4; }; // of chunk j
+  const auto offset = [&](int j) { return (j * seg_lanes + chunk_lane) * C; }; // of chunk j
   const auto next = [&](std::int64_t& rb0, std::int64_t& lb0) {
     lb0 += lane_step;
     if (lb0 >= lanes_per_row) {
@@ -393,29 +482,30 @@ __global__ void __launch_bounds__(threads, min_blocks)
     }
   };
 
-  // The segment's amax, its scale and codes from v[] (elements that do not exist are 0 there,
+  // The segment's amax, its scale and codes from w[] (elements that do not exist are 0 there,
   // which leaves the maximum of |x| bits alone). Every thread of the block calls it: the
   // reduction may synchronize.
-  const auto encode = [&](const place& p, const float(&v)[E]) {
+  const auto encode = [&](const place& p, const chunk(&w)[J]) {
     // Within a warp by lanes_max, across warps through shared memory.
-    std::uint32_t m = lanes_max(abs_max_bits(v), seg_shift < 5 ? seg_shift : 5);
+    std::uint32_t m = lanes_max(chunks_abs_max<J>(w), seg_shift < 5 ? seg_shift : 5);
     if (seg_lanes > 32) { // block-uniform: the segment spans 2, 4 or all 8 warps
-      __syncthreads();
+      std::uint32_t* const part = warp_max_smem[parity];
+      parity ^= 1;
       if ((tid & 31) == 0)
-        warp_max_smem[tid >> 5] = m;
+        part[tid >> 5] = m;
       __syncthreads();
       const int warp = tid >> 5, nw = seg_lanes >> 5;
-      const uint4 lo = *reinterpret_cast<const uint4*>(&warp_max_smem[0]);
-      const uint4 hi = *reinterpret_cast<const uint4*>(&warp_max_smem[4]);
+      const uint4 lo = *reinterpret_cast<const uint4*>(&part[0]);
+      const uint4 hi = *reinterpret_cast<const uint4*>(&part[4]);
       if (nw == 8) {
         m = max(max(max(lo.x, lo.y), max(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
       } else { // an aligned two or four within the block's first or second four warps
         const uint4 w4 = warp < 4 ? lo : hi;
         const int first = warp & ~(nw - 1) & 3; // the segment's first warp within the four
-        const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+        const std::uint32_t q4[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          m = q >= first && q < first + nw ? max(m, w[q]) : m;
+          m = q >= first && q < first + nw ? max(m, q4[q]) : m;
       }
     }
     if (p.len == 0)
@@ -430,27 +520,35 @@ __global__ void __launch_bounds__(threads, min_blocks)
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int off = offset(j);
-      vec<Code, 4> w;
-      if (uniform) {
+      if (off >= p.len)
+        continue; // past the segment's end
+      std::uint32_t c[C];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          w.v[e] = code_value<Rule, Code>(same);
-      } else {
+      for (int h = 0; h < C; h += 4) {
+        if (uniform) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            c[h + e] = same;
+          continue;
+        }
         std::uint32_t rbits[4] = {};
         if (rule.stochastic())
-          chunk_bits(rng, base + static_cast<std::uint64_t>(off), rbits);
+          chunk_bits(rng, base + static_cast<std::uint64_t>(off + h), rbits);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          w.v[e] = code_value<Rule, Code>(element_of(rule, grp, slow, v[j * 4 + e], rbits[e]));
+          c[h + e] = element_of(rule, grp, slow, chunk_value(w[j], h + e), rbits[e]);
       }
-      if (vector) {
-        if (off < p.len)
-          *reinterpret_cast<vec<Code, 4>*>(cs + off) = w;
-      } else {
+      if (!vector) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
+        for (int e = 0; e < C; ++e)
           if (off + e < p.len)
-            cs[off + e] = w.v[e];
+            cs[off + e] = code_value<Rule, Code>(c[e]);
+      } else if (C == 4 || wide) {
+        store_codes<Rule, Code, C>(cs + off, c, 0);
+      } else if constexpr (C == 8) { // two halves of four, the second where it exists
+        store_codes<Rule, Code, 4>(cs + off, c, 0);
+        if (off + 4 < p.len)
+          store_codes<Rule, Code, 4>(cs + off + 4, c, 4);
       }
     }
   };
@@ -458,17 +556,17 @@ __global__ void __launch_bounds__(threads, min_blocks)
   // lane_first < lanes_per_row (launch_segments sizes the grid so), so a block has work iff its
   // first row block exists; the loop conditions are block-uniform.
   std::int64_t rb0 = static_cast<std::int64_t>(blockIdx.y) * blockDim.y, lb0 = lane_first;
-  float v[E];
-  if (!vector) { // k, cols or a row start not a multiple of 4, or x not aligned to a chunk
+  chunk w[J];
+  if (!vector) { // k, cols or a row start not a multiple of 4, or x not aligned to 4 elements
     for (; rb0 < rows; next(rb0, lb0)) {
       const place p = place_of(rb0, lb0);
       const In* xs = x + p.r * xrs + p.c0;
 #pragma unroll
       for (int j = 0; j < J; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          v[j * 4 + e] = offset(j) + e < p.len ? element_ops::load(xs[offset(j) + e]) : 0.0f;
-      encode(p, v);
+        for (int e = 0; e < C; ++e)
+          w[j].v[e] = offset(j) + e < p.len ? xs[offset(j) + e] : In{};
+      encode(p, w);
     }
     return;
   }
@@ -483,9 +581,18 @@ __global__ void __launch_bounds__(threads, min_blocks)
       const place p = place_of(srb0, slb0);
       const In* xs = x + p.r * xrs + p.c0;
 #pragma unroll
-      for (int j = 0; j < J; ++j)
-        if (offset(j) < p.len)
-          copy_async<sizeof(chunk)>(slot(s, j), xs + offset(j));
+      for (int j = 0; j < J; ++j) {
+        const int off = offset(j);
+        if (off >= p.len)
+          continue;
+        if (C == 4 || wide) {
+          copy_async<16>(slot(s, j), xs + off);
+        } else {
+          copy_async<8>(slot(s, j), xs + off);
+          if (off + 4 < p.len)
+            copy_async<8>(reinterpret_cast<In*>(slot(s, j)) + 4, xs + off + 4);
+        }
+      }
     }
     copy_commit();
   };
@@ -500,14 +607,18 @@ __global__ void __launch_bounds__(threads, min_blocks)
     const place p = place_of(rb0, lb0);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      chunk w = {};
-      if (offset(j) < p.len)
-        w = *slot(s_read, j);
+      const int off = offset(j);
+      w[j] = chunk{};
+      if (off < p.len) {
+        w[j] = *slot(s_read, j);
+        if constexpr (C == 8)
+          if (!wide && off + 4 >= p.len) // the half that was not copied
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        v[j * 4 + e] = element_ops::load(w.v[e]);
+            for (int e = 4; e < 8; ++e)
+              w[j].v[e] = In{};
+      }
     }
-    encode(p, v);
+    encode(p, w);
     s_read = s_read + 1 == stages ? 0 : s_read + 1;
     s_write = s_write + 1 == stages ? 0 : s_write + 1;
   }
@@ -850,53 +961,80 @@ bool launch_flat_groups(const In* x, const matrix_shape& xm, Code* codes, const 
   return true;
 }
 
-template <int E, class Rule, class In, class Code>
+template <int J, class Rule, class In, class Code>
 void launch_segments(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                      typename Rule::scale_type* scales, std::int64_t k, const Rule& rule,
                      const emu::random_stream& rng, cudaStream_t stream) {
+  constexpr int C = chunk_elements<In>, E = J * C;
   const int seg_shift = log2_ceil((k + E - 1) / E), seg_lanes = 1 << seg_shift;
-  if (seg_lanes > threads) // launch_groups picks E so that it never is
+  if (seg_lanes > threads) // launch_groups picks J so that it never is
     throw error(errc::unsupported, "group pass: a segment of more lanes than a block has");
   const std::int64_t nseg = (xm.cols + k - 1) / k;
   const std::int64_t lanes_per_row = nseg * seg_lanes;
   const int bx = static_cast<int>(std::min<std::int64_t>(
       threads, std::max<std::int64_t>(seg_lanes, std::int64_t{1} << log2_ceil(lanes_per_row))));
   const int by = threads / bx;
-  constexpr auto kernel = segment_kernel<E, Rule, In, Code>;
-  const staging st = staging_for<kernel>(staging_offset<Rule>, stage_bytes<E, In>);
+  constexpr auto kernel = segment_kernel<J, Rule, In, Code>;
+  const staging st = staging_for<kernel>(staging_offset<Rule>, stage_bytes<J>);
   if (st.stages == 0)
     throw error(errc::unsupported, "group pass: a block's shared memory does not fit this GPU");
-  const int stages = st.stages, smem = staging_offset<Rule> + stages * stage_bytes<E, In>;
+  const int stages = st.stages, smem = staging_offset<Rule> + stages * stage_bytes<J>;
   // As many blocks as fit on the device at once, each walking its share of the segments.
   const std::int64_t resident = std::int64_t{sm_count()} * st.blocks;
   const std::int64_t gx = std::min<std::int64_t>((lanes_per_row + bx - 1) / bx, resident);
   const std::int64_t gy = std::min<std::int64_t>(
       {(xm.rows + by - 1) / by, std::max<std::int64_t>(1, resident / gx), 65535});
-  const bool vector = k % 4 == 0 && xm.cols % 4 == 0 && xm.row_stride % 4 == 0 &&
-                      cm.row_stride % 4 == 0 && aligned_to<In>(x, sizeof(In) * 4) &&
-                      aligned_to<Code>(codes, sizeof(Code) * 4);
+  const auto whole = [&](int n) { // lengths, strides and pointers in multiples of n elements
+    return k % n == 0 && xm.cols % n == 0 && xm.row_stride % n == 0 && cm.row_stride % n == 0 &&
+           aligned_to<In>(x, sizeof(In) * n) && aligned_to<Code>(codes, sizeof(Code) * n);
+  };
+  const bool vector = whole(4), wide = vector && whole(C);
   kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(bx, by), smem,
            stream>>>(x, xm.row_stride, codes, cm.row_stride, scales, xm.rows, xm.cols, k, seg_shift,
-                     lanes_per_row, vector, stages, rule, rng);
+                     lanes_per_row, vector, wide, stages, rule, rng);
   check_launch("segment_kernel");
+}
+
+// Chunks per thread of the segment kernel for rules without shared tables: eight where four do
+// not cover a segment, and for 16-bit segments longer than long_16bit_segment (which four chunks
+// per thread spread over more than a warp: eight then spread them over fewer warps, so that the
+// per-segment work, the barrier included, is shared by more elements), else four.
+// LOWBIT_SEGMENT_CHUNKS (4 or 8 in the environment, read once per process) fixes the choice
+// wherever both cover the segment, so that both paths run and can be timed on any shape.
+constexpr std::int64_t long_16bit_segment = 1024;
+inline int segment_chunks() {
+  static const int forced = [] {
+    const char* v = std::getenv("LOWBIT_SEGMENT_CHUNKS");
+    return v != nullptr && (v[0] == '4' || v[0] == '8') && v[1] == '\0' ? v[0] - '0' : 0;
+  }();
+  return forced;
 }
 
 // Launches the right group-pass kernel for row segments or tiles: contiguous runs of groups of a
 // power-of-two length from 16 to 4096 (MX blocks, block-wise codebooks, unpadded rows) through the
-// flat kernel; other segments of up to 4096 elements with 16 per thread through the segment
-// kernel (a segment then spans at most the block's eight warps); longer ones and 2-D tiles one
-// block per group. Which kernel runs changes no result bit.
+// flat kernel; other segments through the segment kernel, with four 16-byte chunks per thread up
+// to 4096 float32 or 8192 16-bit elements (a segment then spans at most the block's eight warps),
+// eight chunks per thread (segment_chunks) up to twice that for rules without shared tables;
+// longer ones and 2-D tiles one block per group. Which kernel runs changes no result bit.
 template <class Rule, class In, class Code>
 void launch_groups(const In* x, const matrix_shape& xm, Code* codes, const matrix_shape& cm,
                    typename Rule::scale_type* scales, std::int64_t gr, std::int64_t gc,
                    const Rule& rule, const emu::random_stream& rng, cudaStream_t stream) {
   if (xm.rows == 0 || xm.cols == 0)
     return;
-  constexpr int E = elements_per_thread;
   if (gr == 1 && launch_flat_groups(x, xm, codes, cm, scales, gc, rule, rng, stream))
     return;
-  if (gr == 1 && gc <= E * threads)
-    return launch_segments<E>(x, xm, codes, cm, scales, gc, rule, rng, stream);
+  // Segments of up to four or eight chunks per thread (per_chunks elements each).
+  constexpr std::int64_t per_chunks = std::int64_t{threads} * chunk_elements<In>;
+  if constexpr (shared_bytes_of<Rule> == 0) {
+    const int forced = segment_chunks();
+    const bool eight = gc > 4 * per_chunks || forced == 8 ||
+                       (forced == 0 && sizeof(In) == 2 && gc > long_16bit_segment);
+    if (gr == 1 && eight && gc <= 8 * per_chunks)
+      return launch_segments<8>(x, xm, codes, cm, scales, gc, rule, rng, stream);
+  }
+  if (gr == 1 && gc <= 4 * per_chunks)
+    return launch_segments<4>(x, xm, codes, cm, scales, gc, rule, rng, stream);
   const std::int64_t width = std::min(gc, xm.cols);
   const int lanes_log2 = std::min(8, log2_ceil(std::max<std::int64_t>(width, 1)));
   const group_geometry geo{xm.rows, xm.cols, gr, gc, (xm.cols + gc - 1) / gc};

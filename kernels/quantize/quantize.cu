@@ -6,8 +6,10 @@
 //   columns             : amax kernel (atomicMax per column) -> scale kernel -> cast
 //   rows, blocks, tiles : one pass per group (common/group_pass.cuh): contiguous runs of
 //                         power-of-two groups through the flat kernel (each thread 16
-//                         consecutive elements), other row segments of up to 4096 elements
-//                         through the segment kernel, longer groups and tiles one block each
+//                         consecutive elements), other row segments of up to 8192 float32
+//                         or 16384 16-bit elements through the segment kernel (16-byte chunks
+//                         interleaved across a segment's lanes), longer groups and tiles one
+//                         block each
 //                         (amax pass, then cast pass, the second read from L1/L2)
 //   MX                  : the same group pass with the E8M0 scale rule
 #include <cuda_runtime.h>

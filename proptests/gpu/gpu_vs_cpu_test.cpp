@@ -288,6 +288,57 @@ TEST(gpu_vs_cpu, quantize_every_grouping) {
   }));
 }
 
+// Row segments of the segment kernel (group_pass.cuh) for 16-bit and float32 inputs: rows and
+// blocks longer than 4096 (up to the 8192 / 16384 of its eight chunks per thread, and past them,
+// one block per group), lengths that are not multiples of 4 (element loads) or of 4 but not 8
+// (16-bit chunks in 8-byte halves), partial last segments, padded rows, and pointers 2, 8 or 16
+// bytes aligned; sometimes thousands of rows, so that every block walks several segments.
+TEST(gpu_vs_cpu, quantize_long_row_segments) {
+  LOWBIT_REQUIRE_GPU();
+  EXPECT_TRUE(rc::check("gpu_vs_cpu.quantize_long_row_segments", [] {
+    const kernels::target t =
+        *rc::gen::element(kernels::target::of(emu::int8_sym), kernels::target::of(emu::e4m3fn),
+                          kernels::target::of(emu::e5m2), kernels::target::of(emu::int8),
+                          kernels::target::of(emu::bfloat16));
+    const emu::policy pol = *rc::gen::arbitrary<bool>() ? emu::rne : *any_policy();
+    kernels::scaling sc;
+    sc.margin = *rc::gen::inRange(-1, 2);
+    sc.pow2 = *rc::gen::arbitrary<bool>();
+    const dtype in_t =
+        *rc::gen::element(dtype::bfloat16, dtype::bfloat16, dtype::float16, dtype::float32);
+    shape2 s{};
+    s.cols = *rc::gen::oneOf(rc::gen::element<std::int64_t>(640, 1024, 1280, 1284, 2560, 4096, 4100,
+                                                            5120, 5124, 5122, 8192, 8196, 8199,
+                                                            12288, 16384, 16388),
+                             rc::gen::inRange<std::int64_t>(1, 17000));
+    const bool many = *rc::gen::inRange(0, 8) == 0;
+    s.rows = many ? std::max<std::int64_t>(1, std::min<std::int64_t>(8000, 6000000 / s.cols))
+                  : *rc::gen::inRange<std::int64_t>(1, 6);
+    s.pad = *rc::gen::element<std::int64_t>(0, 0, 1, 4, 8);
+    s.offset = *rc::gen::element<std::int64_t>(0, 0, 1, 4, 8);
+    const kernels::grouping g =
+        *rc::gen::arbitrary<bool>()
+            ? kernels::grouping::per_row()
+            : kernels::grouping::blocks(*rc::gen::element<std::int64_t>(
+                  640, 1280, 1284, 3000, 4100, 5120, 6000, 8192, 9000, 16000));
+    mirrored in(buffer_elems(s) * kernels::dtype_size(in_t));
+    store_input(in, in_t, s,
+                awkward_values(static_cast<std::size_t>(s.rows * s.cols), s.cols,
+                               *rc::gen::arbitrary<std::uint64_t>(), near_format(t)));
+    const dtype code_t = t.code_dtype();
+    mirrored codes(buffer_elems(s) * kernels::dtype_size(code_t));
+    const std::int64_t nscales = g.scale_rows(s.rows) * g.scale_cols(s.cols);
+    mirrored scales(static_cast<std::size_t>(nscales + 1) * 4);
+    const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(), 3};
+    for (bool gpu : {false, true})
+      kernels::quantize(in.view(gpu, in_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                        codes.view(gpu, code_t, s.rows, s.cols, s.cols + s.pad, s.offset),
+                        scales.flat(gpu, dtype::float32, nscales), t, g, pol, sc, rng);
+    RC_ASSERT(same_bytes(codes.host, codes.pull(), "quantize codes"));
+    RC_ASSERT(same_bytes(scales.host, scales.pull(), "quantize scales"));
+  }));
+}
+
 TEST(gpu_vs_cpu, cast_scaled_and_delayed_scaling) {
   LOWBIT_REQUIRE_GPU();
   EXPECT_TRUE(rc::check("gpu_vs_cpu.cast_scaled_and_delayed_scaling", [] {
