@@ -133,7 +133,7 @@ def snapshot(net: torch.nn.Module, opt: lo.LowbitOptimizer) -> dict[str, Any]:
 
 # ---- DDP -----------------------------------------------------------------------------------------
 
-def ordered_mean_hook(state: Any, bucket: Any) -> torch.futures.Future:
+def ordered_mean_hook(state, bucket):  # no annotations: DDP checks them as objects
     """A DDP communication hook: the mean of the ranks' gradients summed in rank order
     (all_gather, then g0 + g1 + ...), so that a single process can sum in the same order."""
     buf = bucket.buffer()

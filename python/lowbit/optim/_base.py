@@ -160,11 +160,12 @@ class LowbitOptimizer(torch.optim.Optimizer):
         bs = self.block_size
         if values.numel() == 0:  # an empty shard
             codes = torch.empty(values.shape, dtype=torch.uint8, device=values.device)
-            absmax = torch.empty(0, dtype=torch.float32, device=values.device)
+            absmax = torch.empty(_dist.absmax_shape(values.shape, bs) if values.dim() >= 2
+                                 else (0,), dtype=torch.float32, device=values.device)
         else:
             codes, absmax = quantize_blockwise(values.detach().float().contiguous(), cb, bs)
-        if _dist.blocks_align(values.shape, bs):
-            absmax = absmax.reshape(_dist.absmax_shape(values.shape, bs))
+            if _dist.blocks_align(values.shape, bs):
+                absmax = absmax.reshape(_dist.absmax_shape(values.shape, bs))
         full = values.shape if p is None else p.shape
         st[name] = _dist.like(p, codes.reshape(values.shape), full) if p is not None else \
             codes.reshape(values.shape)
