@@ -107,8 +107,12 @@ OPTIMIZERS = {
 }
 
 
+# Under DDP only (FSDP2 refuses its per-tensor RMS on shards).
+DDP_ONLY = {"StableAdamW8bit": (lo.StableAdamW8bit, dict(lr=1e-2))}
+
+
 def make_opt(name: str, params: Any) -> lo.LowbitOptimizer:
-    cls, kw = OPTIMIZERS[name]
+    cls, kw = OPTIMIZERS[name] if name in OPTIMIZERS else DDP_ONLY[name]
     return cls(params, min_8bit_size=0, **kw)
 
 
@@ -276,6 +280,23 @@ def fsdp_worker(rank: int, world: int, names: list[str], steps: int) -> dict:
             refusals[key] = None
         except RuntimeError as e:
             refusals[key] = str(e)
+    # 8-bit states of a parameter sharded on dim 1 would cut its rows' blocks.
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    net = mlp(0)
+    mesh = init_device_mesh("cpu", (world,))
+    fully_shard(net, mesh=mesh, shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 and
+                p.shape[1] % world == 0 else Shard(0))  # FSDP2 shards dim 1 evenly only
+    o = make_opt("AdamW8bit", net.parameters())
+    set_grads(net, grads_for(0, [p.shape for p in net.parameters()]))
+    try:
+        o.step()
+        refusals["dim1"] = None
+    except RuntimeError as e:
+        refusals["dim1"] = str(e)
     out["refusals"] = refusals
     return out
 

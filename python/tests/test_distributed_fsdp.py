@@ -90,6 +90,7 @@ def test_fsdp2_steps_are_mesh_invariant_and_refuse_what_a_shard_cannot_do(world,
     assert refusals["stable"] is not None and "whole parameter" in refusals["stable"]
     assert refusals["clip"] is not None and "percentile_clipping" in refusals["clip"]
     assert refusals["sr"] is not None and "stochastic_rounding" in refusals["sr"]
+    assert refusals["dim1"] is not None and "dim 0 only" in refusals["dim1"]
 
 
 def test_the_8bit_rule_depends_on_the_global_shape_only():
