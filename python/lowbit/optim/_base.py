@@ -35,6 +35,7 @@ import torch
 
 from lowbit import _core
 from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
+from lowbit.optim import _distributed as _dist
 
 __all__ = ["LowbitOptimizer", "override", "residual_split", "residual_join"]
 
@@ -194,7 +195,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
         cfg = getattr(p, _OVERRIDE_ATTR, {})
         bits = cfg.get("bits", group["bits"])
         threshold = cfg.get("min_8bit_size", group["min_8bit_size"])
-        return 8 if bits == 8 and p.numel() >= threshold else 32
+        # From the global parameter (a DTensor's shape is global), so that the same parameter
+        # gets the same states on any mesh: rows of whole blocks (lowbit.optim._distributed).
+        return 8 if bits == 8 and p.numel() >= threshold and \
+            _dist.blocks_align(p.shape, self.block_size) else 32
 
     def _blocks(self, p: torch.Tensor) -> int:
         return (p.numel() + self.block_size - 1) // self.block_size
@@ -207,33 +211,54 @@ class LowbitOptimizer(torch.optim.Optimizer):
             # The 16-bit value taken as exact: residual 0.
             st["residual"] = torch.zeros(p.shape, dtype=_MASTER[master][1], device=p.device)
         eight = self._bits_for(p, group) == 8
+        if eight:
+            _dist.check_placements(p, type(self).__name__)
+        lp = _dist.local(p)  # the rank's shard of a DTensor parameter (FSDP2), else p
         for name, signed in self._states[: self._n_states(group)]:
             init = self._initial_value(group, name)
             if eight:
                 _, zero = _codebook(signed)
-                st[name] = torch.full(p.shape, zero, dtype=torch.uint8, device=p.device)
-                st[name + "_absmax"] = torch.zeros(self._blocks(p), dtype=torch.float32,
-                                                   device=p.device)
+                st[name] = _dist.like(p, torch.full(lp.shape, zero, dtype=torch.uint8,
+                                                    device=lp.device), p.shape)
+                st[name + "_absmax"] = _dist.like(
+                    p, torch.zeros(_dist.absmax_shape(lp.shape, self.block_size),
+                                   dtype=torch.float32, device=lp.device),
+                    _dist.absmax_shape(p.shape, self.block_size))
                 if init != 0.0:
                     self._quantize_into(st, name, signed,
-                                        torch.full(p.shape, init, dtype=torch.float32,
-                                                   device=p.device))
+                                        torch.full(lp.shape, init, dtype=torch.float32,
+                                                   device=lp.device), p)
             else:
-                st[name] = torch.full(p.shape, init, dtype=torch.float32, device=p.device)
+                st[name] = _dist.like(p, torch.full(lp.shape, init, dtype=torch.float32,
+                                                    device=lp.device), p.shape)
         return st
 
     def _quantize_into(self, st: dict[str, Any], name: str, signed: bool,
-                       values: torch.Tensor) -> None:
+                       values: torch.Tensor, p: Optional[torch.Tensor] = None) -> None:
+        """values: the local part (of p, where p is a DTensor)."""
         cb, _ = _codebook(signed)
-        codes, absmax = quantize_blockwise(values.detach().float().contiguous(), cb,
-                                           self.block_size)
-        st[name] = codes.reshape(values.shape)
-        st[name + "_absmax"] = absmax
+        bs = self.block_size
+        if values.numel() == 0:  # an empty shard
+            codes = torch.empty(values.shape, dtype=torch.uint8, device=values.device)
+            absmax = torch.empty(_dist.absmax_shape(values.shape, bs) if values.dim() >= 2
+                                 else (0,), dtype=torch.float32, device=values.device)
+        else:
+            codes, absmax = quantize_blockwise(values.detach().float().contiguous(), cb, bs)
+            if _dist.blocks_align(values.shape, bs):
+                absmax = absmax.reshape(_dist.absmax_shape(values.shape, bs))
+        full = values.shape if p is None else p.shape
+        st[name] = _dist.like(p, codes.reshape(values.shape), full) if p is not None else \
+            codes.reshape(values.shape)
+        st[name + "_absmax"] = absmax if p is None else \
+            _dist.like(p, absmax, _dist.absmax_shape(full, bs))
 
     def _dequantized(self, st: dict[str, Any], name: str, signed: bool) -> torch.Tensor:
         cb, _ = _codebook(signed)
-        codes = st[name]
-        return dequantize_blockwise(codes.contiguous(), st[name + "_absmax"], cb,
+        codes = _dist.local(st[name])
+        if codes.numel() == 0:
+            return torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+        absmax = _dist.local(st[name + "_absmax"]).reshape(-1)
+        return dequantize_blockwise(codes.contiguous(), absmax, cb,
                                     self.block_size).reshape(codes.shape)
 
     def state_float(self, p: torch.Tensor, name: str) -> torch.Tensor:
@@ -241,7 +266,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
         st = self.state[p]
         signed = dict(self._states)[name]
         if st[name].dtype == torch.uint8:
-            return self._dequantized(st, name, signed)
+            return _dist.like(st[name], self._dequantized(st, name, signed), st[name].shape) \
+                if _dist.is_dtensor(st[name]) else self._dequantized(st, name, signed)
         return st[name]
 
     # ---- the step --------------------------------------------------------------------------
@@ -266,11 +292,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
         buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
         keep: list[torch.Tensor] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        empty = 0  # empty shards, counted as items for the Philox offset (the same on all ranks)
         for p in group["params"] if params is None else params:
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            _dist.check_step(p, self._kernel, group, self.stochastic_rounding,
+                             type(self).__name__)
             code = _DTYPE_CODES.get(p.dtype)
             if code is None:
                 raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
@@ -279,11 +308,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if "step" not in st:
                 st = self._init_state(p, group)
             st["step"] = int(st["step"]) + 1
-            param = p.detach()
+            param = _dist.local(p).detach()  # a DTensor's (FSDP2's) local shard
+            if param.numel() == 0:  # an empty shard: nothing to update
+                empty += 1
+                continue
             if not param.is_contiguous():
                 param = param.contiguous()
                 copies.append((p, param))
-            grad = p.grad
+            grad = _dist.local(p.grad)
             if grad.device != p.device:
                 raise RuntimeError(f"{type(self).__name__}: a gradient on {grad.device} for a "
                                    f"parameter on {p.device}")
@@ -300,13 +332,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
             cached = self._fields.get(p)
             if cached is None or len(cached[0]) != len(objs) or \
                     any(a is not b for a, b in zip(cached[0], objs)):
-                cached = (objs, self._state_fields(p, st, names))
+                cached = (objs, self._state_fields(param, st, names))
                 self._fields[p] = cached
             ptrs, eight = cached[1]
             rptr, rbits = self._residual_field(p, st)
             if rptr:
                 keep.append(st["residual"])
-            item = (param.data_ptr(), grad.data_ptr(), *ptrs, p.numel(), code, eight, rptr, rbits)
+            item = (param.data_ptr(), grad.data_ptr(), *ptrs, param.numel(), code, eight, rptr,
+                    rbits)
             buckets.setdefault((p.device, st["step"]), []).append(item)
         rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
         for (device, step), items in buckets.items():
@@ -332,8 +365,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
             total = skipped.sum()
             self.skipped_blocks = self.skipped_blocks + (
                 int(total) if device.type == "cpu" else total)
+        self.rng_offset += 2 * empty
         for p, param in copies:
-            p.copy_(param)
+            _dist.local(p).copy_(param)
         del keep
 
     def _residual_field(self, p: torch.Tensor, st: dict[str, Any]) -> tuple[int, int]:
@@ -413,14 +447,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
         ptrs = [0, 0, 0, 0]
         eight = False
         for k, (name, _) in enumerate(names):
-            s_k = st[name]
+            s_k = _dist.local(st[name])
             if s_k.device != p.device or not s_k.is_contiguous() or s_k.numel() != p.numel():
                 raise RuntimeError(f"{type(self).__name__}: state '{name}' of a parameter "
                                    "is not a contiguous tensor of its size on its device")
             ptrs[k] = s_k.data_ptr()
             if s_k.dtype == torch.uint8:
                 eight = True
-                a_k = st[name + "_absmax"]
+                a_k = _dist.local(st[name + "_absmax"])
                 if a_k.dtype != torch.float32 or not a_k.is_contiguous() or \
                         a_k.numel() != self._blocks(p) or a_k.device != p.device:
                     raise RuntimeError(f"{type(self).__name__}: '{name}_absmax' of a "
@@ -441,6 +475,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
                         "rng_offset": self.rng_offset,
                         "stochastic_rounding": self.stochastic_rounding,
                         "skipped_blocks": int(self.skipped_blocks)}
+        # Also in every param group: torch.distributed.checkpoint's get_optimizer_state_dict
+        # keeps "state" and "param_groups" only.
+        for g in sd["param_groups"]:
+            g["lowbit"] = dict(sd["lowbit"])
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -448,13 +486,15 @@ class LowbitOptimizer(torch.optim.Optimizer):
         AdamW, Adam, SGD, RMSprop, Adagrad: float states, quantized here where this optimizer
         keeps 8-bit states; 8-bit states are dequantized where it keeps 32-bit ones). States keep
         their saved dtype (torch would cast them to the parameter's)."""
-        extra = state_dict.get("lowbit", {})
+        extra = state_dict.get("lowbit") or next(
+            (g["lowbit"] for g in state_dict.get("param_groups", []) if "lowbit" in g), {})
         saved_block = int(extra.get("block_size", self.block_size))
         sd = {k: v for k, v in state_dict.items() if k != "lowbit"}
         saved = sd["state"]
         originals = {k: dict(v) for k, v in saved.items()}
         super().load_state_dict(sd)
         for group in self.param_groups:  # a torch optimizer's groups lack lowbit's settings
+            group.pop("lowbit", None)
             for k, v in self.defaults.items():
                 group.setdefault(k, v)
         saved_ids = itertools.chain.from_iterable(g["params"] for g in sd["param_groups"])
@@ -475,23 +515,35 @@ class LowbitOptimizer(torch.optim.Optimizer):
         step = saved.get("step", 0)
         st["step"] = int(step.item()) if isinstance(step, torch.Tensor) else int(step)
         eight = self._bits_for(p, group) == 8
+        lp = _dist.local(p)  # a DTensor's local shard; saved DTensor states hold the same rows
+        bs = self.block_size
         for name, signed in self._states[: self._n_states(group)]:
             if name not in saved:
                 raise KeyError(f"load_state_dict: the state of a parameter has no '{name}'")
-            value = saved[name].to(device=p.device)
+            if _dist.is_dtensor(p) != _dist.is_dtensor(saved[name]):
+                raise RuntimeError("load_state_dict: states and parameters must both be DTensors "
+                                   "or both plain tensors; load a checkpoint into a sharded "
+                                   "model with torch.distributed.checkpoint "
+                                   "(docs/distributed.md)")
+            value = _dist.local(saved[name]).to(device=lp.device)
             if value.dtype == torch.uint8:
-                absmax = saved[name + "_absmax"].to(device=p.device, dtype=torch.float32)
-                if eight and saved_block == self.block_size:
-                    st[name], st[name + "_absmax"] = value.reshape(p.shape), absmax
+                absmax = _dist.local(saved[name + "_absmax"]).to(device=lp.device,
+                                                                 dtype=torch.float32)
+                if eight and saved_block == bs:
+                    st[name] = _dist.like(p, value.reshape(lp.shape), p.shape)
+                    st[name + "_absmax"] = _dist.like(
+                        p, absmax.reshape(_dist.absmax_shape(lp.shape, bs)),
+                        _dist.absmax_shape(p.shape, bs))
                     continue
                 cb, _ = _codebook(signed)
-                value = dequantize_blockwise(value.contiguous(), absmax, cb,
-                                             saved_block).reshape(p.shape)
-            value = value.to(torch.float32).reshape(p.shape)
+                value = value.reshape(lp.shape) if value.numel() == 0 else \
+                    dequantize_blockwise(value.contiguous(), absmax.reshape(-1), cb,
+                                         saved_block).reshape(lp.shape)
+            value = value.to(torch.float32).reshape(lp.shape)
             if eight:
-                self._quantize_into(st, name, signed, value)
+                self._quantize_into(st, name, signed, value, p)
             else:
-                st[name] = value.clone()
+                st[name] = _dist.like(p, value.clone(), p.shape)
         if "residual" in saved and p.dtype != torch.float32:
             st["residual"] = saved["residual"].to(device=p.device).reshape(p.shape).clone()
         if "gnorm_history" in saved:
