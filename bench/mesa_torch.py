@@ -181,18 +181,9 @@ def measure(variant: str, cfg: dict, batch: int, steps: int, device: str) -> dic
 
 
 def _event_ms(fn, reps: int = 10) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    from torch_baselines import median_ms  # bench/ is the script's directory
+
+    return median_ms(fn, reps=reps, warmup=2)
 
 
 def kernel_rows(device: str) -> list[dict]:
