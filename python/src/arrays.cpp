@@ -322,25 +322,33 @@ bool is_torch_tensor(py::handle obj) {
   return true;
 }
 
-// A torch dtype (a singleton object) to lowbit's, by its name the first time.
+// A torch dtype (a singleton object) to lowbit's, and its name without "torch." (as DLPack's
+// errors name dtypes), by its name the first time.
 std::optional<dtype> torch_dtype(py::handle dt, std::string& name) {
-  static std::vector<std::pair<PyObject*, std::optional<dtype>>> seen;
-  for (const auto& [obj, t] : seen)
-    if (obj == dt.ptr())
-      return t;
+  struct seen_dtype {
+    PyObject* obj;
+    std::optional<dtype> type;
+    std::string name;
+  };
+  static std::vector<seen_dtype> seen;
+  for (const seen_dtype& d : seen)
+    if (d.obj == dt.ptr()) {
+      name = d.name;
+      return d.type;
+    }
   name = py::str(dt);
+  if (name.rfind("torch.", 0) == 0)
+    name = name.substr(6);
   static const std::pair<const char*, dtype> names[] = {
-      {"torch.float32", dtype::float32}, {"torch.float64", dtype::float64},
-      {"torch.float16", dtype::float16}, {"torch.bfloat16", dtype::bfloat16},
-      {"torch.uint8", dtype::uint8},     {"torch.uint16", dtype::uint16},
-      {"torch.uint32", dtype::uint32},   {"torch.int8", dtype::int8},
-      {"torch.int16", dtype::int16},     {"torch.int32", dtype::int32},
-      {"torch.int64", dtype::int64}};
+      {"float32", dtype::float32},   {"float64", dtype::float64}, {"float16", dtype::float16},
+      {"bfloat16", dtype::bfloat16}, {"uint8", dtype::uint8},     {"uint16", dtype::uint16},
+      {"uint32", dtype::uint32},     {"int8", dtype::int8},       {"int16", dtype::int16},
+      {"int32", dtype::int32},       {"int64", dtype::int64}};
   std::optional<dtype> t;
   for (const auto& [n, d] : names)
     if (name == n)
       t = d;
-  seen.emplace_back(py::object(py::reinterpret_borrow<py::object>(dt)).release().ptr(), t);
+  seen.push_back({py::reinterpret_borrow<py::object>(dt).release().ptr(), t, name});
   return t;
 }
 

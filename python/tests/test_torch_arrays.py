@@ -67,3 +67,11 @@ def test_quantize_of_a_strided_tensor_equals_that_of_its_copy():
     b = lowbit.quantize(x.contiguous(), "int8", granularity="rows")
     for u, v in zip(a, b):
         assert torch.equal(torch.as_tensor(u), torch.as_tensor(v))
+
+
+def test_refused_dtypes_are_named_as_dlpack_names_them_every_time():
+    import lowbit
+
+    for _ in range(2):  # the first sight of the dtype, then its cached entry
+        with pytest.raises(TypeError, match=r"^x: dtype int64 is not supported"):
+            lowbit.cast(torch.arange(4), "e4m3fn")
