@@ -94,9 +94,13 @@ std::int64_t actquant_group_count(const tensor_view& x, const actquant_groups& g
   return layout_of(x, g).groups;
 }
 
-void actquant_quantize(const tensor_view& x, const tensor_view& codes, const tensor_view& alpha,
-                       const tensor_view& beta, const actquant_groups& g, const emu::policy& pol,
-                       const emu::random_stream& rng, bool update, float momentum, const exec& ex) {
+namespace {
+
+// The checked problem of a quantize call (both modes): x, codes, the estimates and the policy.
+actquant_problem quantize_problem(const tensor_view& x, const tensor_view& codes,
+                                  const tensor_view& alpha, const tensor_view& beta,
+                                  const actquant_groups& g, const emu::policy& pol,
+                                  const emu::random_stream& rng, bool update, float momentum) {
   actquant_problem p = problem_of(x, alpha, beta, g);
   require_valid(codes, "codes");
   require_dtype(codes, "codes", {dtype::uint8});
@@ -113,8 +117,17 @@ void actquant_quantize(const tensor_view& x, const tensor_view& codes, const ten
   p.pol = pol;
   p.rng = rng;
   p.quantize = true;
-  p.update = update;
   p.momentum = momentum;
+  return p;
+}
+
+} // namespace
+
+void actquant_quantize(const tensor_view& x, const tensor_view& codes, const tensor_view& alpha,
+                       const tensor_view& beta, const actquant_groups& g, const emu::policy& pol,
+                       const emu::random_stream& rng, bool update, float momentum, const exec& ex) {
+  actquant_problem p = quantize_problem(x, codes, alpha, beta, g, pol, rng, update, momentum);
+  p.update = update;
   run_quantize(p, ex);
 }
 
@@ -122,23 +135,8 @@ void actquant_quantize_lagged(const tensor_view& x, const tensor_view& codes,
                               const tensor_view& alpha, const tensor_view& beta,
                               const actquant_groups& g, const emu::policy& pol,
                               const emu::random_stream& rng, float momentum, const exec& ex) {
-  actquant_problem p = problem_of(x, alpha, beta, g);
-  require_valid(codes, "codes");
-  require_dtype(codes, "codes", {dtype::uint8});
-  require_same_shape(x, "x", codes, "codes");
-  require_contiguous(codes, "codes");
-  require_same_device(codes, "codes", x, "x");
-  if (const char* why = emu::check_policy(pol))
-    throw error(errc::invalid_argument, std::string("policy: ") + why);
-  check_momentum(momentum);
-  if (x.dev.type == device_type::cuda && p.n > 0)
-    require_device_memory({&x, &codes, &alpha, &beta}, {"x", "codes", "alpha", "beta"});
-  p.codes = codes;
-  p.pol = pol;
-  p.rng = rng;
-  p.quantize = true;
+  actquant_problem p = quantize_problem(x, codes, alpha, beta, g, pol, rng, true, momentum);
   p.lagged = true;
-  p.momentum = momentum;
   run_quantize(p, ex);
 }
 
