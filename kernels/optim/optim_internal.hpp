@@ -81,7 +81,7 @@ namespace optim_detail {
 namespace bops = blockwise_ops;
 
 // optimizer_state_signed, for device code too.
-LOWBIT_HD LOWBIT_INLINE bool state_signed(optimizer o, int k) {
+LOWBIT_HD LOWBIT_INLINE constexpr bool state_signed(optimizer o, int k) {
   return o == optimizer::rmsprop || o == optimizer::adagrad ? false : k == 0;
 }
 

@@ -164,7 +164,8 @@ LOWBIT_HD LOWBIT_INLINE float descaled(float v, float d) {
 }
 
 // The value of a code before scaling.
-LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float element_value(const target& t, std::uint32_t code) {
+// (static: one copy per translation unit; several CUDA ones include this header.)
+LOWBIT_HD static LOWBIT_OUTLINE_ON_DEVICE float element_value(const target& t, std::uint32_t code) {
   if (t.is_int) {
     const auto c = static_cast<std::uint8_t>(code);
     return t.ifmt.is_signed ? static_cast<float>(static_cast<std::int8_t>(c))
@@ -242,8 +243,8 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t mx_element(const target& t, FormatTag ft, 
   }
 }
 
-LOWBIT_HD LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t code,
-                                                  std::uint32_t scale_code) {
+LOWBIT_HD static LOWBIT_OUTLINE_ON_DEVICE float mx_value(const target& t, std::uint32_t code,
+                                                         std::uint32_t scale_code) {
   if (scale_code == 0xFFu)
     return bit_cast<float>(0x7FC00000u);
   if (!t.is_int && emu::is_nan_code(t.fmt, code))

@@ -77,14 +77,16 @@ LOWBIT_HD LOWBIT_INLINE parts split(weight_kind t, int bits, float x) {
   const std::uint32_t wmag = widen(t, w) & 0x7FFFFFFFu;
   if (t == weight_kind::f16 && wmag == 0x7F800000u) // float16 overflow: Inf, and so is the join
     return {w, 0};
-  const std::int64_t d = static_cast<std::int64_t>(mag) - static_cast<std::int64_t>(wmag);
+  // 32-bit arithmetic suffices: magnitudes are at most 0x7F800000, so |d| < 2^31, and a
+  // saturated residual times its quantum is below 2^15.
+  const std::int32_t d = static_cast<std::int32_t>(mag) - static_cast<std::int32_t>(wmag);
   const int s = quantum_shift(t, bits);
-  const std::int64_t hi = (std::int64_t{1} << (bits - 1)) - 1, lo = -hi - 1;
-  // round(d / q), ties up: floor((d + q/2) / q).
-  const std::int64_t half = s > 0 ? (std::int64_t{1} << (s - 1)) : 0;
-  std::int64_t r = (d + half) >> s;    // C++20: >> of a negative value is floor division
+  const std::int32_t hi = static_cast<std::int32_t>((1u << (bits - 1)) - 1u), lo = -hi - 1;
+  // round(d / q), ties up: floor((d + q/2) / q); d + q/2 stays below 2^31 (q <= 2^15).
+  const std::int32_t half = s > 0 ? (1 << (s - 1)) : 0;
+  std::int32_t r = (d + half) >> s;    // C++20: >> of a negative value is floor division
   r = r > hi ? hi : (r < lo ? lo : r); // float16 below 2^-14 (k <= 13) or 2^-17 (k = 16)
-  return {w, static_cast<std::int32_t>(r)};
+  return {w, r};
 }
 
 LOWBIT_HD LOWBIT_INLINE float join(weight_kind t, int bits, std::uint16_t w, std::int32_t r) {
@@ -93,8 +95,9 @@ LOWBIT_HD LOWBIT_INLINE float join(weight_kind t, int bits, std::uint16_t w, std
   if (is_nan_bits(wide))
     return emu::detail::bit_cast<float>(sign | 0x7FC00000u);
   const int s = quantum_shift(t, bits);
-  std::int64_t mag = static_cast<std::int64_t>(wide & 0x7FFFFFFFu) +
-                     static_cast<std::int64_t>(r) * (std::int64_t{1} << s);
+  // In 32 bits: |w| is at most 0x7F800000 and |r q| below 2^23 for any residual of its dtype
+  // (int8 for k <= 8, q <= 2^15; int16 above, q <= 2^7), so the sum cannot overflow.
+  std::int32_t mag = static_cast<std::int32_t>(wide & 0x7FFFFFFFu) + r * (1 << s);
   // Only pairs that split never makes get here (a residual past 0 or past Inf): kept in range.
   mag = mag < 0 ? 0 : (mag > 0x7F800000 ? 0x7F800000 : mag);
   return emu::detail::bit_cast<float>(sign | static_cast<std::uint32_t>(mag));

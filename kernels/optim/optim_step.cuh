@@ -1,0 +1,752 @@
+// The CUDA kernels of the fused optimizer steps and their launcher (optim.cu has the plan);
+// launch_step<K> is instantiated for a few optimizers per translation unit (optim_adam.cu,
+// optim_stable.cu, optim_lamb.cu, optim_misc.cu), so that they compile in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../common/cuda.hpp"
+#include "optim_internal.hpp"
+
+namespace lowbit::kernels::cuda {
+
+namespace {
+
+namespace d = optim_detail;
+namespace bops = blockwise_ops;
+
+constexpr int warps = optim_threads / 32;
+constexpr int EPT = optim_per_lane;
+
+__device__ std::int64_t tensor_of(const optim_item* items, std::int64_t count, std::int64_t wb) {
+  std::int64_t lo = 0, hi = count; // the last item with block0 <= wb: in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (items[mid].block0 <= wb)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// The lanes of one work block: W warps (1: a warp, 8: the CUDA block), their reductions.
+template <int W> struct lane_group {
+  static constexpr int lanes = 32 * W;
+  static constexpr int per_block = warps / W; // groups per CUDA block
+  __device__ static int rank() { return static_cast<int>(threadIdx.x) % lanes; }
+  __device__ static std::int64_t index() {
+    return static_cast<std::int64_t>(blockIdx.x) * per_block + threadIdx.x / lanes;
+  }
+  __device__ static std::int64_t count() {
+    return static_cast<std::int64_t>(gridDim.x) * per_block;
+  }
+  __device__ static bool any(bool v) {
+    if constexpr (W == 1)
+      return __any_sync(0xFFFFFFFFu, v) != 0;
+    else
+      return __syncthreads_or(v) != 0;
+  }
+  // The maximum of the lanes' values, in every lane (order-free).
+  __device__ static std::uint32_t max_of(std::uint32_t v, std::uint32_t* red) {
+    for (int off = 16; off > 0; off >>= 1)
+      v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    if constexpr (W == 1) {
+      return v;
+    } else {
+      if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = v;
+      __syncthreads();
+      std::uint32_t m = red[0];
+      for (int k = 1; k < W; ++k)
+        m = max(m, red[k]);
+      __syncthreads();
+      return m;
+    }
+  }
+  // The sum of the lanes' values in optim_cpu.cpp's tree (each warp's lanes pairwise by halving
+  // strides, then the warps so); the result in rank 0.
+  __device__ static float sum_of(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1)
+      v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
+    if constexpr (W == 1) {
+      return v;
+    } else {
+      const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+      if (l == 0)
+        red[w] = v;
+      __syncthreads();
+      float s = 0.0f;
+      if (w == 0) {
+        s = l < W ? red[l] : 0.0f;
+        for (int off = W / 2; off > 0; off >>= 1)
+          s = s + __shfl_down_sync(0xFFFFFFFFu, s, off);
+      }
+      __syncthreads();
+      return s;
+    }
+  }
+};
+
+// The work blocks of this lane group: a contiguous range, so that the tensor of each is found by
+// one search at the start and then by stepping forward (the order of work blocks changes no
+// result: each is computed alone).
+template <int W> struct work_range {
+  std::int64_t first, last, j;
+  __device__ static work_range of(const optim_item* items, std::int64_t count, std::int64_t total) {
+    using grp = lane_group<W>;
+    const std::int64_t per = (total + grp::count() - 1) / grp::count();
+    const std::int64_t first = grp::index() * per;
+    const std::int64_t last = min(total, first + per);
+    return {first, last, first < last ? tensor_of(items, count, first) : 0};
+  }
+  __device__ std::int64_t advance(const optim_item* items, std::int64_t count, std::int64_t j,
+                                  std::int64_t wb) const {
+    while (j + 1 < count && items[j + 1].block0 <= wb)
+      ++j;
+    return j;
+  }
+};
+
+__device__ void load_tables(const bops::tables* src, bops::tables* dst) {
+  const auto* s = reinterpret_cast<const float*>(src);
+  auto* t = reinterpret_cast<float*>(dst);
+  constexpr int n = 2 * static_cast<int>(sizeof(bops::tables) / sizeof(float));
+  for (int k = threadIdx.x; k < n; k += blockDim.x)
+    t[k] = s[k];
+  __syncthreads();
+}
+
+// The pre-pass: the two partial sums of each work block (partial[2 wb], partial[2 wb + 1]), or
+// excluded_partial in the first.
+template <int W>
+__global__ void __launch_bounds__(optim_threads)
+    prepass_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
+                   const bops::tables* tabs, float* partial) {
+  using grp = lane_group<W>;
+  __shared__ bops::tables tb[2];
+  __shared__ float red[warps];
+  load_tables(tabs, tb);
+  const int r = grp::rank();
+  const bool two = sh.kind != optimizer::stable_adamw;
+  const float* v0 = tb[d::state_signed(sh.kind, 0) ? 0 : 1].value;
+  const float* v1 = tb[1].value;
+  const work_range<W> range = work_range<W>::of(items, count, total);
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
+    j = range.advance(items, count, j, wb);
+    const optim_item it = items[j];
+    const std::int64_t b = wb - it.block0, i0 = b * sh.block;
+    const std::int64_t end = min(it.n, i0 + sh.block);
+    float s0 = 0.0f, s1 = 0.0f;
+    bool bad = false;
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const std::int64_t i = i0 + r + k * grp::lanes;
+      if (i < end) {
+        const d::prepass_terms e = d::prepass_element(sh, it, v0, v1, i, b);
+        bad |= !e.ok;
+        s0 = s0 + e.a;
+        s1 = s1 + e.b;
+      }
+    }
+    bad = grp::any(bad);
+    const float sum0 = grp::sum_of(s0, red);
+    const float sum1 = two ? grp::sum_of(s1, red) : 0.0f;
+    if (r == 0) {
+      const bool out = bad || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
+      partial[2 * wb] = out ? d::excluded_partial : sum0;
+      partial[2 * wb + 1] = out ? 0.0f : sum1;
+    }
+  }
+}
+
+// One CUDA block per tensor: the tensor's pair (eta, decay) from its block partials.
+__global__ void __launch_bounds__(optim_threads)
+    tensor_pair_kernel(optim_shared sh, const optim_item* items, const float* partial,
+                       float* eta_decay) {
+  __shared__ double lane0[optim_threads], lane1[optim_threads];
+  __shared__ unsigned long long cnt[optim_threads];
+  const optim_item it = items[blockIdx.x];
+  const std::int64_t blocks = (it.n + sh.block - 1) / sh.block;
+  double s0 = 0.0, s1 = 0.0;
+  std::int64_t c = 0;
+  for (std::int64_t b = threadIdx.x; b < blocks; b += optim_threads) {
+    const float* v = partial + 2 * (it.block0 + b);
+    if (v[0] == d::excluded_partial)
+      continue;
+    s0 = s0 + static_cast<double>(v[0]);
+    s1 = s1 + static_cast<double>(v[1]);
+    c += min(sh.block, it.n - b * sh.block);
+  }
+  lane0[threadIdx.x] = s0;
+  lane1[threadIdx.x] = s1;
+  cnt[threadIdx.x] = static_cast<unsigned long long>(c);
+  __syncthreads();
+  for (int off = optim_threads / 2; off > 0; off >>= 1) {
+    if (static_cast<int>(threadIdx.x) < off) {
+      lane0[threadIdx.x] = lane0[threadIdx.x] + lane0[threadIdx.x + off];
+      lane1[threadIdx.x] = lane1[threadIdx.x] + lane1[threadIdx.x + off];
+      cnt[threadIdx.x] += cnt[threadIdx.x + off];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float e = 0.0f, dc = 0.0f;
+    d::tensor_pair(sh, lane0[0], lane1[0], static_cast<std::int64_t>(cnt[0]), e, dc);
+    eta_decay[2 * blockIdx.x] = e;
+    eta_decay[2 * blockIdx.x + 1] = dc;
+  }
+}
+
+// The stochastically rounded code of state q's value x of element i of tensor j, out of line:
+// Philox's rounds, inlined for each of a lane's elements, would grow the kernel's body several
+// times over for a mode that is rarely on.
+__device__ __noinline__ std::uint8_t stochastic_code(const bops::tables& tq, float x,
+                                                     std::uint32_t amax, const optim_shared& sh,
+                                                     std::int64_t j, int q, std::int64_t i) {
+  return d::encode_state(tq, x, amax, true, d::random_bits(sh, j, q, i));
+}
+
+// ---- the step kernel ----------------------------------------------------------------------------
+//
+// A lane holds EPT consecutive elements of its work block (lane r: elements 8r .. 8r + 7), so
+// that a full block of a tensor whose buffers are 16-byte aligned (optim_launch_item::vec) moves
+// in vector loads and stores (32 bytes of float32 per lane and buffer, 8 of codes); other blocks
+// (a tensor's last, or unaligned buffers) take the elements one at a time. The step has no
+// order-dependent sum (the block maxima and the skip decision are order-free), so the mapping
+// changes no result. Each tensor's form (parameter dtype, residual width, 8-bit or 32-bit states)
+// is a template argument of the block's code, chosen once per work block, so that the code a
+// block runs holds one load, one update and one store per element and nothing else.
+
+// The elements a lane holds in its work block: two runs of four, at 4r and at 4 lanes + 4r for
+// lane r, so that each vector access of a warp covers one contiguous stretch (512 bytes of
+// float32, 256 of 16-bit values, 128 of codes). `vec`: both runs lie inside the tensor and its
+// buffers are 16-byte aligned (optim.cu's launcher checks them per tensor), so each run moves
+// in one vector access; otherwise the elements move one at a time.
+static_assert(EPT == 8, "a lane holds two runs of four elements");
+struct lane_slots {
+  std::int64_t o[2]; // the runs' first elements
+  int valid[2];      // how many of each run lie inside the tensor
+  bool vec;
+  __device__ std::int64_t index(int k) const { return o[k >> 2] + (k & 3); }
+  __device__ bool in(int k) const { return (k & 3) < valid[k >> 2]; }
+  template <int W>
+  __device__ static lane_slots of(std::int64_t i0, std::int64_t n, bool vec_item) {
+    const int r = lane_group<W>::rank();
+    lane_slots ls;
+    for (int h = 0; h < 2; ++h) {
+      ls.o[h] = i0 + 4 * (h * lane_group<W>::lanes + r);
+      const std::int64_t left = n - ls.o[h];
+      ls.valid[h] = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
+    }
+    ls.vec = vec_item && ls.valid[1] == 4; // (then the first run is whole too)
+    return ls;
+  }
+};
+
+template <class T> __device__ __forceinline__ std::uint32_t bits32(T v) {
+  if constexpr (sizeof(T) == 4)
+    return __float_as_uint(v);
+  else
+    return static_cast<std::uint32_t>(static_cast<std::make_unsigned_t<T>>(v));
+}
+template <class T> __device__ __forceinline__ T from_bits(std::uint32_t u) {
+  if constexpr (sizeof(T) == 4)
+    return __uint_as_float(u);
+  else
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(u));
+}
+
+// The lane's elements of a T buffer into v (slots 0-3 the first run, 4-7 the second), and back.
+// Streaming accesses (each byte is read once and written once per step).
+template <class T>
+__device__ __forceinline__ void load_lane(const void* base, const lane_slots& ls, T (&v)[EPT]) {
+  const T* p = static_cast<const T*>(base);
+  if (ls.vec) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const T* q = p + ls.o[h];
+      if constexpr (sizeof(T) == 4) {
+        const float4 w = __ldcs(reinterpret_cast<const float4*>(q));
+        v[4 * h] = from_bits<T>(__float_as_uint(w.x));
+        v[4 * h + 1] = from_bits<T>(__float_as_uint(w.y));
+        v[4 * h + 2] = from_bits<T>(__float_as_uint(w.z));
+        v[4 * h + 3] = from_bits<T>(__float_as_uint(w.w));
+      } else if constexpr (sizeof(T) == 2) {
+        const uint2 w = __ldcs(reinterpret_cast<const uint2*>(q));
+        v[4 * h] = from_bits<T>(w.x & 0xFFFFu);
+        v[4 * h + 1] = from_bits<T>(w.x >> 16);
+        v[4 * h + 2] = from_bits<T>(w.y & 0xFFFFu);
+        v[4 * h + 3] = from_bits<T>(w.y >> 16);
+      } else {
+        const unsigned w = __ldcs(reinterpret_cast<const unsigned*>(q));
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          v[4 * h + c] = from_bits<T>((w >> (8 * c)) & 0xFFu);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < EPT; ++k)
+    v[k] = ls.in(k) ? p[ls.index(k)] : T{};
+}
+
+template <class T>
+__device__ __forceinline__ void store_lane(void* base, const lane_slots& ls, const T (&v)[EPT]) {
+  T* p = static_cast<T*>(base);
+  if (ls.vec) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      T* q = p + ls.o[h];
+      const T* u = v + 4 * h;
+      if constexpr (sizeof(T) == 4) {
+        __stcs(reinterpret_cast<float4*>(q),
+               make_float4(__uint_as_float(bits32(u[0])), __uint_as_float(bits32(u[1])),
+                           __uint_as_float(bits32(u[2])), __uint_as_float(bits32(u[3]))));
+      } else if constexpr (sizeof(T) == 2) {
+        __stcs(reinterpret_cast<uint2*>(q),
+               make_uint2((bits32(u[0]) & 0xFFFFu) | (bits32(u[1]) << 16),
+                          (bits32(u[2]) & 0xFFFFu) | (bits32(u[3]) << 16)));
+      } else {
+        unsigned w = 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          w |= (bits32(u[c]) & 0xFFu) << (8 * c);
+        __stcs(reinterpret_cast<unsigned*>(q), w);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < EPT; ++k)
+    if (ls.in(k))
+      p[ls.index(k)] = v[k];
+}
+
+template <param_kind PK> using param_bits = std::conditional_t<PK == param_kind::f32, float,
+                                                               std::uint16_t>;
+
+// A parameter (or gradient) element's value from its stored bits, and back.
+template <param_kind PK> __device__ __forceinline__ float param_value(param_bits<PK> b) {
+  if constexpr (PK == param_kind::f32)
+    return b;
+  else if constexpr (PK == param_kind::bf16)
+    return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
+  else {
+    constexpr emu::format f16 = emu::float16;
+    return emu::decode<float>(f16, b);
+  }
+}
+
+// The parameter dtype's nearest value's bits (ties to even), overflow to Inf.
+template <param_kind PK> __device__ __forceinline__ std::uint16_t param_code(float x) {
+  constexpr emu::format f = PK == param_kind::bf16 ? emu::bfloat16 : emu::float16;
+  return static_cast<std::uint16_t>(emu::encode(f, x, emu::policy{}));
+}
+
+// What a work block's code needs of its CUDA block besides the shared tables below: where the
+// bucket tables of states 0 and 1 lie.
+struct step_shared {
+  // The bucket table's shared-memory address less bops::bucket_bias (bops::entry_address).
+  std::uint32_t bucket_base[2];
+};
+
+// The codes of state q's lane values sv in a block of absmax bits amax (finite, every |sv| <=
+// amax): bops::encode_state's nearest entry. The division by the absmax goes through one
+// reciprocal per block, bops::scaled_divisor (folded where the absmax allows, else scaled): the
+// correctly rounded quotient wherever it is at least 2^-42, and below 2^-40 in magnitude where it
+// is not, which lies in a bucket 0; both dynamic maps' buckets 0 hold the index of zero (the
+// launcher checks it), which is then nearest_index's answer too. The entry comes from the bucket
+// table: the step word alone where the table is simple (the signed dynamic map), else any entry
+// (the unsigned map crowds: 8 buckets walk).
+template <bool Simple>
+__device__ __forceinline__ void nearest_codes(const bops::tables& tq, std::uint32_t bucket_base,
+                                              std::uint32_t amax, const float (&sv)[EPT],
+                                              std::uint8_t (&c)[EPT]) {
+  const float a = amax == 0 ? 1.0f : __uint_as_float(amax); // all zero: x / 1 keeps x
+  const bops::scaled_divisor div = bops::scaled_divisor::make(a);
+  const auto code = [&](float t) -> std::uint8_t {
+    const std::uint32_t bits = __float_as_uint(t);
+    const std::uint32_t mask = bops::sign_mask(bits);
+    const std::uint32_t at = bops::entry_address(bops::signed_base(bucket_base, mask), bits);
+    std::uint32_t e;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(at));
+    if constexpr (Simple)
+      return static_cast<std::uint8_t>(bops::step_bucket_word(e, bits, mask) >> 24);
+    else
+      return static_cast<std::uint8_t>(bops::nearest_in_bucket(e, tq.sum_hi, tq.sum_lo, t));
+  };
+  if (div.folded) {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      c[k] = code(div.folded_quotient(sv[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      c[k] = code(div.scaled(sv[k]));
+  }
+}
+
+// The step kernel's shared memory: the two dynamic maps' tables (signed, unsigned), their bucket
+// tables, and the lane groups' reduction slots. At file scope, so that block_step reads the
+// tables by their shared addresses (no generic pointer per lookup).
+__shared__ bops::tables step_tb[2];
+__shared__ alignas(16) std::uint32_t step_bk[2][bops::bucket_count];
+__shared__ std::uint32_t step_red[warps];
+
+// The number of states optimizer K keeps where it is fixed (-1: sgd and lars, one with momentum,
+// none without).
+constexpr int fixed_states(optimizer k) {
+  switch (k) {
+  case optimizer::adam:
+  case optimizer::adamw:
+  case optimizer::stable_adamw:
+  case optimizer::lamb: return 2;
+  case optimizer::sgd:
+  case optimizer::lars: return -1;
+  default: return 1;
+  }
+}
+
+// A lane's eight codes of an 8-bit state, packed four to a word (slot k: byte k % 4 of word
+// k / 4), as the vector path loads and stores them.
+__device__ __forceinline__ void load_codes(const void* base, const lane_slots& ls,
+                                           std::uint32_t (&w)[2]) {
+  const auto* p = static_cast<const std::uint8_t*>(base);
+  if (ls.vec) {
+    w[0] = __ldcs(reinterpret_cast<const unsigned*>(p + ls.o[0]));
+    w[1] = __ldcs(reinterpret_cast<const unsigned*>(p + ls.o[1]));
+    return;
+  }
+  w[0] = w[1] = 0;
+#pragma unroll
+  for (int k = 0; k < EPT; ++k)
+    if (ls.in(k))
+      w[k >> 2] |= static_cast<std::uint32_t>(p[ls.index(k)]) << (8 * (k & 3));
+}
+__device__ __forceinline__ std::uint32_t code_at(const std::uint32_t (&w)[2], int k) {
+  return (w[k >> 2] >> (8 * (k & 3))) & 0xFFu;
+}
+
+// One work block of tensor j, of the form <PK, RB, E8>: parameter dtype, residual bits (0: none),
+// 8-bit states.
+template <int W, optimizer K, param_kind PK, int RB, bool E8>
+__device__ __forceinline__ void block_step(const optim_shared& sh, const optim_item& it,
+                                           bool vec_item, std::int64_t j, std::int64_t b,
+                                           float eta, float decay, bool bad,
+                                           const step_shared& ss, std::int64_t* skipped) {
+  using grp = lane_group<W>;
+  using PB = param_bits<PK>;
+  using RT = std::conditional_t<RB == 8, std::int8_t, std::int16_t>;
+  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1;
+  const int r = grp::rank();
+  constexpr int NS = fixed_states(K);
+  const int ns = NS >= 0 ? NS : sh.states;
+  const std::int64_t i0 = b * sh.block;
+  const lane_slots ls = lane_slots::of<W>(i0, it.n, vec_item);
+  PB pb[EPT], gb[EPT];
+  load_lane<PB>(it.param, ls, pb);
+  load_lane<PB>(it.grad, ls, gb);
+  RT rb[EPT];
+  if constexpr (RB != 0)
+    load_lane<RT>(it.resid, ls, rb);
+  // The states: 8-bit codes packed in words, or float32 values.
+  std::uint32_t w1[2] = {0, 0}, w2[2] = {0, 0};
+  float f1[EPT], f2[EPT];
+  float a1 = 0.0f, a2 = 0.0f;
+  if constexpr (E8) {
+    if (ns > 0) {
+      load_codes(it.s1, ls, w1);
+      a1 = it.a1[b];
+    }
+    if (ns > 1) {
+      load_codes(it.s2, ls, w2);
+      a2 = it.a2[b];
+    }
+  } else {
+    if (ns > 0)
+      load_lane<float>(it.s1, ls, f1);
+    if (ns > 1)
+      load_lane<float>(it.s2, ls, f2);
+  }
+  float np[EPT], s1[EPT], s2[EPT];
+  // The lane's largest magnitude bits of everything that must be finite (gradient, the stored
+  // parameter, the new states): Inf or NaN among them makes it >= 0x7F800000.
+  std::uint32_t big = 0;
+#pragma unroll
+  for (int k = 0; k < EPT; ++k) {
+    float p0;
+    if constexpr (RB != 0)
+      p0 = residual_ops::join(d::resid_kind(PK), RB, pb[k], rb[k]);
+    else
+      p0 = param_value<PK>(pb[k]);
+    const float g = param_value<PK>(gb[k]);
+    float x1 = 0.0f, x2 = 0.0f;
+    if constexpr (E8) {
+      // value * absmax (bops::decode less its NaN canonicalization: a NaN state makes the
+      // block's update non-finite, and such a block writes nothing).
+      if (ns > 0)
+        x1 = step_tb[T0].value[code_at(w1, k)] * a1;
+      if (ns > 1)
+        x2 = step_tb[T1].value[code_at(w2, k)] * a2;
+    } else {
+      if (ns > 0)
+        x1 = f1[k];
+      if (ns > 1)
+        x2 = f2[k];
+    }
+    const optim_ops::result res = d::update(K, sh, eta, decay, p0, g, x1, x2);
+    np[k] = res.p;
+    s1[k] = ns > 0 ? res.s1 : 0.0f;
+    s2[k] = ns > 1 ? res.s2 : 0.0f;
+    if (ls.vec || ls.in(k)) {
+      float stored;
+      if constexpr (RB != 0)
+        stored = residual_ops::weight_value(d::resid_kind(PK),
+                                            residual_ops::split(d::resid_kind(PK), RB, res.p).w);
+      else
+        stored = d::stored_value(PK, res.p);
+      big = max(big, max(bops::abs_bits(g), bops::abs_bits(stored)));
+      big = max(big, max(bops::abs_bits(s1[k]), bops::abs_bits(s2[k])));
+    } else {
+      s1[k] = s2[k] = 0.0f; // out of range: no part in the absmax
+    }
+  }
+  bad |= big >= 0x7F800000u;
+  if (grp::any(bad)) {
+    if (r == 0 && skipped != nullptr)
+      atomicAdd(reinterpret_cast<unsigned long long*>(skipped + j), 1ull);
+    return;
+  }
+  // The parameter (and residual).
+  if constexpr (RB != 0) {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k) {
+      const residual_ops::parts s = residual_ops::split(d::resid_kind(PK), RB, np[k]);
+      pb[k] = s.w;
+      rb[k] = static_cast<RT>(s.r);
+    }
+    store_lane<RT>(it.resid, ls, rb);
+  } else if constexpr (PK == param_kind::f32) {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      pb[k] = np[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      pb[k] = param_code<PK>(np[k]);
+  }
+  store_lane<PB>(it.param, ls, pb);
+  // The states.
+  const auto store_state = [&](auto qc, const float(&sv)[EPT]) {
+    constexpr int q = decltype(qc)::value;
+    void* dst = q == 0 ? it.s1 : it.s2;
+    if constexpr (!E8) {
+      store_lane<float>(dst, ls, sv);
+    } else {
+      std::uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < EPT; ++k)
+        m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
+      const std::uint32_t amax = grp::max_of(m, step_red);
+      if (r == 0)
+        (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
+      std::uint8_t code[EPT];
+      if (sh.stochastic) {
+#pragma unroll
+        for (int k = 0; k < EPT; ++k)
+          code[k] = ls.in(k) ? stochastic_code(step_tb[q == 0 ? T0 : T1], sv[k], amax, sh, j, q,
+                                               ls.index(k))
+                             : 0;
+      } else {
+        nearest_codes<d::state_signed(K, q)>(step_tb[q == 0 ? T0 : T1], ss.bucket_base[q], amax,
+                                             sv, code);
+      }
+      store_lane<std::uint8_t>(dst, ls, code);
+    }
+  };
+  if (ns > 0)
+    store_state(std::integral_constant<int, 0>{}, s1);
+  if (ns > 1)
+    store_state(std::integral_constant<int, 1>{}, s2);
+}
+
+// One instance per optimizer K (sh.kind): the body holds one update per tensor form, which keeps
+// the code a work block runs small enough for the instruction caches.
+template <int W, optimizer K>
+__global__ void __launch_bounds__(optim_threads, 3)
+    step_kernel(optim_shared sh, const optim_item* items, const std::uint8_t* forms,
+                std::int64_t count, std::int64_t total, const bops::tables* tabs,
+                const std::uint32_t* bks, const float* eta_decay, const float* partial,
+                std::int64_t* skipped) {
+  for (int k = threadIdx.x; k < 2 * static_cast<int>(bops::bucket_count); k += blockDim.x)
+    (&step_bk[0][0])[k] = bks[k];
+  load_tables(tabs, step_tb); // synchronizes
+  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1;
+  const std::uint32_t bases[2] = {
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[0])) - bops::bucket_bias,
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[1])) - bops::bucket_bias};
+  const step_shared ss{{bases[T0], bases[T1]}};
+  const work_range<W> range = work_range<W>::of(items, count, total);
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
+    j = range.advance(items, count, j, wb);
+    const optim_item& it = items[j];
+    const std::int64_t b = wb - it.block0;
+    float eta = sh.eta0, decay = sh.decay0;
+    if (eta_decay != nullptr) {
+      eta = eta_decay[2 * j];
+      decay = eta_decay[2 * j + 1];
+    }
+    // A block the pre-pass left out of its tensor's sums is left untouched too.
+    const bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
+    // The tensor's form (form_of) and whether its buffers take vector accesses (bit 0).
+    const unsigned f = forms[j];
+    const bool vec = (f & 1u) != 0;
+#define LOWBIT_STEP_FORM(n, pk, rb, e8)                                                            \
+  case n:                                                                                          \
+    block_step<W, K, param_kind::pk, rb, e8>(sh, it, vec, j, b, eta, decay, bad, ss, skipped);     \
+    break;
+    switch (f >> 1) {
+      LOWBIT_STEP_FORM(0, f32, 0, false)
+      LOWBIT_STEP_FORM(1, f32, 0, true)
+      LOWBIT_STEP_FORM(2, bf16, 0, false)
+      LOWBIT_STEP_FORM(3, bf16, 0, true)
+      LOWBIT_STEP_FORM(4, f16, 0, false)
+      LOWBIT_STEP_FORM(5, f16, 0, true)
+      LOWBIT_STEP_FORM(6, bf16, 8, false)
+      LOWBIT_STEP_FORM(7, bf16, 8, true)
+      LOWBIT_STEP_FORM(8, bf16, 16, false)
+      LOWBIT_STEP_FORM(9, bf16, 16, true)
+      LOWBIT_STEP_FORM(10, f16, 8, false)
+      LOWBIT_STEP_FORM(11, f16, 8, true)
+      LOWBIT_STEP_FORM(12, f16, 16, false)
+      default: LOWBIT_STEP_FORM(13, f16, 16, true)
+    }
+#undef LOWBIT_STEP_FORM
+  }
+}
+
+// A tensor's form as step_kernel's switch numbers it: parameter dtype and residual width, then
+// 8-bit states.
+unsigned form_of(const optim_item& it) {
+  unsigned pr = 0; // f32, bf16, f16, bf16 + 8, bf16 + 16, f16 + 8, f16 + 16
+  if (it.rbits == 0)
+    pr = it.ptype == param_kind::f32 ? 0u : (it.ptype == param_kind::bf16 ? 1u : 2u);
+  else
+    pr = (it.ptype == param_kind::bf16 ? 3u : 5u) + (it.rbits == 16 ? 1u : 0u);
+  return 2 * pr + (it.eight_bit ? 1u : 0u);
+}
+
+// The bucket tables of the two dynamic maps (blockwise_ops.hpp), built on the host once per
+// process: the step kernel's nearest-entry search, equal to nearest_index for every |t| <= 1.
+struct bucket_tables {
+  std::uint32_t u[2][bops::bucket_count]; // signed, unsigned
+};
+const bucket_tables& buckets_of(const optim_problem& p) {
+  static const bucket_tables bt = [&] {
+    bucket_tables b;
+    const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
+    for (int k = 0; k < 2; ++k)
+      for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
+        b.u[k][u] = bops::bucket_entry(t[k]->sum_hi, t[k]->sum_lo, u);
+    return b;
+  }();
+  return bt;
+}
+
+// CUDA blocks for `total` work blocks taken by groups of W warps: as many as fit on the device
+// at once (each group walks its range), fewer where there are fewer work blocks.
+// The kernel is a template argument: once_per_device caches per lambda type, which is then one
+// per kernel (kernels of one signature would otherwise share an entry).
+template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
+  const int per_sm = once_per_device([](int) {
+    int b = 0;
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, optim_threads, 0));
+    return b < 1 ? 1 : b;
+  });
+  const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
+  const std::int64_t need = (total + lane_group<W>::per_block - 1) / lane_group<W>::per_block;
+  return static_cast<unsigned>(need < cap ? need : cap);
+}
+
+template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex) {
+  const cudaStream_t s = stream_of(ex);
+  const std::int64_t count = static_cast<std::int64_t>(p.items.size());
+  // One upload: the tensor table, the two codebooks' tables and bucket tables, and per tensor
+  // its form and whether every buffer is 16-byte aligned (its full blocks then move in vectors).
+  const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
+  const std::size_t tab_off = (items_bytes + 255) / 256 * 256;
+  const std::size_t bk_off = tab_off + 2 * sizeof(bops::tables);
+  const std::size_t vec_off = bk_off + sizeof(bucket_tables);
+  std::vector<unsigned char> host(vec_off + p.items.size());
+  std::memcpy(host.data() + bk_off, &buckets_of(p).u[0][0], sizeof(bucket_tables));
+  std::memcpy(host.data(), p.items.data(), items_bytes);
+  std::memcpy(host.data() + tab_off, &p.tb_signed, sizeof(bops::tables));
+  std::memcpy(host.data() + tab_off + sizeof(bops::tables), &p.tb_unsigned, sizeof(bops::tables));
+  const auto aligned = [](const void* q) {
+    return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0;
+  };
+  for (std::size_t k = 0; k < p.items.size(); ++k) {
+    const optim_item& it = p.items[k];
+    const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) &&
+                     aligned(it.s2) && aligned(it.resid);
+    host[vec_off + k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
+  }
+  scratch table(host.size(), s);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(table.as<unsigned char>(), host.data(), host.size(),
+                                    cudaMemcpyHostToDevice, s));
+  const auto* items = table.as<const optim_item>();
+  const auto* tabs = reinterpret_cast<const bops::tables*>(table.as<unsigned char>() + tab_off);
+  const auto* bks = reinterpret_cast<const std::uint32_t*>(table.as<unsigned char>() + bk_off);
+  const auto* forms = table.as<unsigned char>() + vec_off;
+  // What nearest_codes takes of the dynamic maps' bucket tables: the signed one simple, and both
+  // buckets 0 of both the index of zero.
+  static const bool tables_as_assumed = [&] {
+    bool ok = bops::simple_buckets(p.tb_signed);
+    const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
+    for (int k = 0; k < 2; ++k) {
+      const std::uint32_t zero = bops::nearest_index(t[k]->sum_hi, t[k]->sum_lo, 0.0f);
+      for (std::uint32_t u = 0; u < 2; ++u)
+        ok = ok && buckets_of(p).u[k][u] == bops::bucket_step_entry(zero, bops::bucket_never);
+    }
+    return ok;
+  }();
+  require(tables_as_assumed, errc::unsupported,
+          "optimizer step: the dynamic maps' bucket tables are not as the CUDA kernel takes them");
+  const bool pre = p.sh.prepass;
+  scratch extra(pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 4,
+                s);
+  float *eta_decay = nullptr, *partial = nullptr;
+  if (pre) {
+    partial = extra.as<float>();
+    eta_decay = partial + 2 * p.total_blocks;
+    prepass_kernel<W><<<grid_of<W, prepass_kernel<W>>(p.total_blocks), optim_threads, 0, s>>>(
+        p.sh, items, count, p.total_blocks, tabs, partial);
+    check_launch("prepass_kernel");
+    tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
+                                                                              eta_decay);
+    check_launch("tensor_pair_kernel");
+  }
+  constexpr auto kernel = step_kernel<W, K>;
+  kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(
+      p.sh, items, forms, count, p.total_blocks, tabs, bks, eta_decay, partial, p.skipped);
+  check_launch("step_kernel");
+}
+
+} // namespace
+
+template <optimizer K> void launch_step(const optim_problem& p, const exec& ex) {
+  if (optim_lanes(p.sh.block) == optim_threads)
+    launch<warps, K>(p, ex); // blocks of 2048: the CUDA block
+  else
+    launch<1, K>(p, ex); // blocks of 256: a warp
+}
+
+} // namespace lowbit::kernels::cuda
