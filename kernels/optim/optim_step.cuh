@@ -235,8 +235,7 @@ struct lane_slots {
   bool vec;
   __device__ std::int64_t index(int k) const { return o[k >> 2] + (k & 3); }
   __device__ bool in(int k) const { return (k & 3) < valid[k >> 2]; }
-  template <int W>
-  __device__ static lane_slots of(std::int64_t i0, std::int64_t n, bool vec_item) {
+  template <int W> __device__ static lane_slots of(std::int64_t i0, std::int64_t n, bool vec_item) {
     const int r = lane_group<W>::rank();
     lane_slots ls;
     for (int h = 0; h < 2; ++h) {
@@ -329,8 +328,8 @@ __device__ __forceinline__ void store_lane(void* base, const lane_slots& ls, con
       p[ls.index(k)] = v[k];
 }
 
-template <param_kind PK> using param_bits = std::conditional_t<PK == param_kind::f32, float,
-                                                               std::uint16_t>;
+template <param_kind PK>
+using param_bits = std::conditional_t<PK == param_kind::f32, float, std::uint16_t>;
 
 // A parameter (or gradient) element's value from its stored bits, and back.
 template <param_kind PK> __device__ __forceinline__ float param_value(param_bits<PK> b) {
@@ -438,9 +437,9 @@ __device__ __forceinline__ std::uint32_t code_at(const std::uint32_t (&w)[2], in
 // 8-bit states.
 template <int W, optimizer K, param_kind PK, int RB, bool E8>
 __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_item& it,
-                                           bool vec_item, std::int64_t j, std::int64_t b,
-                                           float eta, float decay, bool bad,
-                                           const step_shared& ss, std::int64_t* skipped) {
+                                           bool vec_item, std::int64_t j, std::int64_t b, float eta,
+                                           float decay, bool bad, const step_shared& ss,
+                                           std::int64_t* skipped) {
   using grp = lane_group<W>;
   using PB = param_bits<PK>;
   using RT = std::conditional_t<RB == 8, std::int8_t, std::int16_t>;
@@ -565,8 +564,8 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
                                                ls.index(k))
                              : 0;
       } else {
-        nearest_codes<d::state_signed(K, q)>(step_tb[q == 0 ? T0 : T1], ss.bucket_base[q], amax,
-                                             sv, code);
+        nearest_codes<d::state_signed(K, q)>(step_tb[q == 0 ? T0 : T1], ss.bucket_base[q], amax, sv,
+                                             code);
       }
       store_lane<std::uint8_t>(dst, ls, code);
     }
@@ -627,7 +626,7 @@ __global__ void __launch_bounds__(optim_threads, 3)
       LOWBIT_STEP_FORM(10, f16, 8, false)
       LOWBIT_STEP_FORM(11, f16, 8, true)
       LOWBIT_STEP_FORM(12, f16, 16, false)
-      default: LOWBIT_STEP_FORM(13, f16, 16, true)
+    default: LOWBIT_STEP_FORM(13, f16, 16, true)
     }
 #undef LOWBIT_STEP_FORM
   }
@@ -695,8 +694,8 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
   };
   for (std::size_t k = 0; k < p.items.size(); ++k) {
     const optim_item& it = p.items[k];
-    const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) &&
-                     aligned(it.s2) && aligned(it.resid);
+    const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) && aligned(it.s2) &&
+                     aligned(it.resid);
     host[vec_off + k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
   }
   scratch table(host.size(), s);
