@@ -5,21 +5,93 @@
 // contiguous stretch): one warp for blocks of 256, which then runs through its work blocks alone
 // (its reductions are shuffles, no barrier), or the whole CUDA block of 256 threads for blocks of
 // 2048. Each group takes a contiguous range of work blocks, one at a time, with the codebooks'
-// tables and bucket tables in shared memory loaded once per CUDA block. Per work block: the
+// tables and bucket tables (uploaded once per device and process, resident_tables) in shared
+// memory loaded once per CUDA block. Per work block: the
 // tensor's form (parameter dtype, residual width, 8- or 32-bit states) chosen once, then
 // parameter, gradient, residual and states read once (in vectors where the buffers are aligned),
 // updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced, the
 // states' nearest codes found through one reciprocal of the absmax and the bucket tables (equal
 // to the CPU twin's division and binary search), and everything written once. The step has no
 // order-dependent sum, so the lanes' mapping changes no result. StableAdamW, and LAMB and LARS
-// with the trust ratio on, run two small kernels first (the pre-pass partials of each work block:
-// the RMS terms, or the squared norms of p and u or g; then each tensor's pair) in the tree that
+// with the trust ratio on, run two small kernels first (the pre-pass partials of each work block,
+// its tensor's form a template argument as in the step: the RMS terms, or the squared norms of p
+// and u or g; then each tensor's pair) in the tree that
 // optim_cpu.cpp mirrors: there lane t of a work block holds its elements t, t + lanes, ...
 //
 // The kernels are in optim_step.cuh; this file dispatches to the optimizer's instance.
 #include "optim_step.hpp"
 
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "../common/cuda.hpp"
+
 namespace lowbit::kernels::cuda {
+
+namespace {
+
+namespace bops = blockwise_ops;
+
+struct bucket_tables {
+  std::uint32_t u[2][bops::bucket_count]; // signed, unsigned
+};
+
+// The bucket tables of the two dynamic maps (blockwise_ops.hpp): the step kernel's nearest-entry
+// search, equal to nearest_index for every |t| <= 1.
+bucket_tables buckets_of(const optim_problem& p) {
+  bucket_tables b;
+  const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
+  for (int k = 0; k < 2; ++k)
+    for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
+      b.u[k][u] = bops::bucket_entry(t[k]->sum_hi, t[k]->sum_lo, u);
+  return b;
+}
+
+// What nearest_codes takes of the bucket tables: the signed one simple, and buckets 0 and 1 of
+// both the index of zero.
+bool as_assumed(const optim_problem& p, const bucket_tables& b) {
+  bool ok = bops::simple_buckets(p.tb_signed);
+  const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
+  for (int k = 0; k < 2; ++k) {
+    const std::uint32_t zero = bops::nearest_index(t[k]->sum_hi, t[k]->sum_lo, 0.0f);
+    for (std::uint32_t u = 0; u < 2; ++u)
+      ok = ok && b.u[k][u] == bops::bucket_step_entry(zero, bops::bucket_never);
+  }
+  return ok;
+}
+
+} // namespace
+
+step_tables resident_tables(const optim_problem& p) {
+  constexpr int max_devices = 64;
+  static std::mutex mu;
+  static unsigned char* at[max_devices] = {};
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  require(dev >= 0 && dev < max_devices, errc::unsupported,
+          "optimizer step: device " + std::to_string(dev) + " is beyond the " +
+              std::to_string(max_devices) + " devices the step keeps tables for");
+  const std::lock_guard<std::mutex> lock(mu);
+  if (at[dev] == nullptr) {
+    const bucket_tables b = buckets_of(p);
+    require(
+        as_assumed(p, b), errc::unsupported,
+        "optimizer step: the dynamic maps' bucket tables are not as the CUDA kernel takes them");
+    std::vector<unsigned char> host(2 * sizeof(bops::tables) + sizeof(bucket_tables));
+    std::memcpy(host.data(), &p.tb_signed, sizeof(bops::tables));
+    std::memcpy(host.data() + sizeof(bops::tables), &p.tb_unsigned, sizeof(bops::tables));
+    std::memcpy(host.data() + 2 * sizeof(bops::tables), &b, sizeof(bucket_tables));
+    void* d = nullptr;
+    LOWBIT_CUDA_CHECK(cudaMalloc(&d, host.size()));
+    LOWBIT_CUDA_CHECK(cudaMemcpy(d, host.data(), host.size(), cudaMemcpyHostToDevice));
+    at[dev] = static_cast<unsigned char*>(d);
+  }
+  return {reinterpret_cast<const bops::tables*>(at[dev]),
+          reinterpret_cast<const std::uint32_t*>(at[dev] + 2 * sizeof(bops::tables))};
+}
 
 void optimizer_step(const optim_problem& p, const exec& ex) {
   using o = optimizer;

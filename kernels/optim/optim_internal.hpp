@@ -260,30 +260,40 @@ struct prepass_terms {
   float a, b;
   bool ok;
 };
-LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_element(const optim_shared& sh, const optim_item& it,
-                                                      const float* v0, const float* v1,
-                                                      std::int64_t i, std::int64_t b) {
+// The terms from the element's values (kind: sh.kind, a compile-time constant in the CUDA
+// kernel): g the gradient, p the parameter (its master value with a residual; LAMB, LARS), m and v
+// the states as loaded (LAMB; StableAdamW v only).
+LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_values(optimizer kind, const optim_shared& sh,
+                                                     float p, float g, float m, float v) {
   namespace ops = optim_ops;
-  const float g = load_param(it.ptype, it.grad, i);
-  if (sh.kind == optimizer::stable_adamw) {
-    const float v = load_state(it, 1, v1, i, b);
+  if (kind == optimizer::stable_adamw) {
     const float gg = sh.c.maximize ? -g : g;
     const float vn = ops::stable_v(sh.c, gg, v);
     const float r = ops::stable_rms_term(sh.c, gg, vn);
     return {r, 0.0f, ops::finite(g) && ops::finite(vn) && ops::finite(r)};
   }
-  const float p = load_param(it, i); // the master value with a residual
   const float pp = p * p;
-  if (sh.kind == optimizer::lars) {
+  if (kind == optimizer::lars) {
     const float gg = g * g;
     return {pp, gg, ops::finite(g) && ops::finite(pp) && ops::finite(gg)};
   }
-  const float m = load_state(it, 0, v0, i, b), v = load_state(it, 1, v1, i, b);
   const ops::lamb_direction_t d = ops::lamb_direction(sh.c, p, g, m, v);
   const float uu = d.u * d.u;
   return {pp, uu,
           ops::finite(g) && ops::finite(pp) && ops::finite(uu) && ops::finite(d.m) &&
               ops::finite(d.v)};
+}
+
+// The terms of element i, loaded from the tensor (the CPU twin's form of the pre-pass).
+LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_element(const optim_shared& sh, const optim_item& it,
+                                                      const float* v0, const float* v1,
+                                                      std::int64_t i, std::int64_t b) {
+  const float g = load_param(it.ptype, it.grad, i);
+  const bool stable = sh.kind == optimizer::stable_adamw, lars = sh.kind == optimizer::lars;
+  const float p = stable ? 0.0f : load_param(it, i);
+  const float m = stable || lars ? 0.0f : load_state(it, 0, v0, i, b);
+  const float v = lars ? 0.0f : load_state(it, 1, v1, i, b);
+  return prepass_values(sh.kind, sh, p, g, m, v);
 }
 
 // A marker for a work block left out of the per-tensor sums (a value it needs or its partial

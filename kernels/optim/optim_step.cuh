@@ -11,6 +11,7 @@
 
 #include "../common/cuda.hpp"
 #include "optim_internal.hpp"
+#include "optim_step.hpp"
 
 namespace lowbit::kernels::cuda {
 
@@ -119,50 +120,6 @@ __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
   for (int k = threadIdx.x; k < n; k += blockDim.x)
     t[k] = s[k];
   __syncthreads();
-}
-
-// The pre-pass: the two partial sums of each work block (partial[2 wb], partial[2 wb + 1]), or
-// excluded_partial in the first.
-template <int W>
-__global__ void __launch_bounds__(optim_threads)
-    prepass_kernel(optim_shared sh, const optim_item* items, std::int64_t count, std::int64_t total,
-                   const bops::tables* tabs, float* partial) {
-  using grp = lane_group<W>;
-  __shared__ bops::tables tb[2];
-  __shared__ float red[warps];
-  load_tables(tabs, tb);
-  const int r = grp::rank();
-  const bool two = sh.kind != optimizer::stable_adamw;
-  const float* v0 = tb[d::state_signed(sh.kind, 0) ? 0 : 1].value;
-  const float* v1 = tb[1].value;
-  const work_range<W> range = work_range<W>::of(items, count, total);
-  std::int64_t j = range.j;
-  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
-    j = range.advance(items, count, j, wb);
-    const optim_item it = items[j];
-    const std::int64_t b = wb - it.block0, i0 = b * sh.block;
-    const std::int64_t end = min(it.n, i0 + sh.block);
-    float s0 = 0.0f, s1 = 0.0f;
-    bool bad = false;
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) {
-      const std::int64_t i = i0 + r + k * grp::lanes;
-      if (i < end) {
-        const d::prepass_terms e = d::prepass_element(sh, it, v0, v1, i, b);
-        bad |= !e.ok;
-        s0 = s0 + e.a;
-        s1 = s1 + e.b;
-      }
-    }
-    bad = grp::any(bad);
-    const float sum0 = grp::sum_of(s0, red);
-    const float sum1 = two ? grp::sum_of(s1, red) : 0.0f;
-    if (r == 0) {
-      const bool out = bad || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
-      partial[2 * wb] = out ? d::excluded_partial : sum0;
-      partial[2 * wb + 1] = out ? 0.0f : sum1;
-    }
-  }
 }
 
 // One CUDA block per tensor: the tensor's pair (eta, decay) from its block partials.
@@ -576,6 +533,116 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     store_state(std::integral_constant<int, 1>{}, s2);
 }
 
+// A tensor's form as a type: parameter dtype, residual bits (0: none), 8-bit states.
+template <param_kind PK, int RB, bool E8> struct form_t {
+  static constexpr param_kind pk = PK;
+  static constexpr int rb = RB;
+  static constexpr bool e8 = E8;
+};
+
+// f(form_t<...>{}) for form number n (form_of's numbering), so that the work block's code holds
+// the loads and stores of its tensor's form and nothing else.
+template <class F> __device__ __forceinline__ void with_form(unsigned n, F&& f) {
+  switch (n) {
+  case 0: f(form_t<param_kind::f32, 0, false>{}); break;
+  case 1: f(form_t<param_kind::f32, 0, true>{}); break;
+  case 2: f(form_t<param_kind::bf16, 0, false>{}); break;
+  case 3: f(form_t<param_kind::bf16, 0, true>{}); break;
+  case 4: f(form_t<param_kind::f16, 0, false>{}); break;
+  case 5: f(form_t<param_kind::f16, 0, true>{}); break;
+  case 6: f(form_t<param_kind::bf16, 8, false>{}); break;
+  case 7: f(form_t<param_kind::bf16, 8, true>{}); break;
+  case 8: f(form_t<param_kind::bf16, 16, false>{}); break;
+  case 9: f(form_t<param_kind::bf16, 16, true>{}); break;
+  case 10: f(form_t<param_kind::f16, 8, false>{}); break;
+  case 11: f(form_t<param_kind::f16, 8, true>{}); break;
+  case 12: f(form_t<param_kind::f16, 16, false>{}); break;
+  default: f(form_t<param_kind::f16, 16, true>{}); break;
+  }
+}
+
+// The pre-pass of one work block of tensor `it` in form F: its two partial sums (partial[2 wb],
+// partial[2 wb + 1]) or excluded_partial in the first, in the tree optim_cpu.cpp mirrors (lane r
+// holds elements r, r + lanes, ..., summed in that order). Only what optimizer K's terms need is
+// read: StableAdamW the gradient and v, LARS the parameter and the gradient, LAMB all.
+template <int W, optimizer K, class F>
+__device__ __forceinline__ void block_prepass(const optim_shared& sh, const optim_item& it,
+                                              std::int64_t b, std::int64_t wb, float* partial,
+                                              float* red) {
+  using grp = lane_group<W>;
+  using PB = param_bits<F::pk>;
+  using RT = std::conditional_t<F::rb == 8, std::int8_t, std::int16_t>;
+  constexpr bool stable = K == optimizer::stable_adamw, lars = K == optimizer::lars;
+  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1;
+  const int r = grp::rank();
+  const std::int64_t i0 = b * sh.block;
+  const std::int64_t end = min(it.n, i0 + sh.block);
+  float am = 0.0f, av = 0.0f;
+  if constexpr (F::e8) {
+    if constexpr (!stable && !lars)
+      am = it.a1[b];
+    if constexpr (!lars)
+      av = it.a2[b];
+  }
+  float s0 = 0.0f, s1 = 0.0f;
+  bool bad = false;
+#pragma unroll
+  for (int k = 0; k < EPT; ++k) {
+    const std::int64_t i = i0 + r + k * grp::lanes;
+    if (i < end) {
+      const float g = param_value<F::pk>(static_cast<const PB*>(it.grad)[i]);
+      float p = 0.0f, m = 0.0f, v = 0.0f;
+      if constexpr (!stable) {
+        const PB pb = static_cast<const PB*>(it.param)[i];
+        if constexpr (F::rb != 0)
+          p = residual_ops::join(d::resid_kind(F::pk), F::rb, pb,
+                                 static_cast<const RT*>(it.resid)[i]);
+        else
+          p = param_value<F::pk>(pb);
+      }
+      // value * absmax (bops::decode less its NaN canonicalization: a NaN makes the terms
+      // non-finite, which excludes the block either way).
+      if constexpr (!stable && !lars)
+        m = F::e8 ? step_tb[T0].value[static_cast<const std::uint8_t*>(it.s1)[i]] * am
+                  : static_cast<const float*>(it.s1)[i];
+      if constexpr (!lars)
+        v = F::e8 ? step_tb[1].value[static_cast<const std::uint8_t*>(it.s2)[i]] * av
+                  : static_cast<const float*>(it.s2)[i];
+      const d::prepass_terms e = d::prepass_values(K, sh, p, g, m, v);
+      bad |= !e.ok;
+      s0 = s0 + e.a;
+      s1 = s1 + e.b;
+    }
+  }
+  bad = grp::any(bad);
+  const float sum0 = grp::sum_of(s0, red);
+  const float sum1 = stable ? 0.0f : grp::sum_of(s1, red);
+  if (r == 0) {
+    const bool out = bad || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
+    partial[2 * wb] = out ? d::excluded_partial : sum0;
+    partial[2 * wb + 1] = out ? 0.0f : sum1;
+  }
+}
+
+// The pre-pass kernel of optimizer K: every work block's two partial sums.
+template <int W, optimizer K>
+__global__ void __launch_bounds__(optim_threads)
+    prepass_kernel(optim_shared sh, const optim_item* items, const std::uint8_t* forms,
+                   std::int64_t count, std::int64_t total, const bops::tables* tabs,
+                   float* partial) {
+  __shared__ float red[warps];
+  load_tables(tabs, step_tb); // synchronizes
+  const work_range<W> range = work_range<W>::of(items, count, total);
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
+    j = range.advance(items, count, j, wb);
+    const optim_item& it = items[j];
+    with_form(forms[j] >> 1, [&](auto f) {
+      block_prepass<W, K, decltype(f)>(sh, it, wb - it.block0, wb, partial, red);
+    });
+  }
+}
+
 // One instance per optimizer K (sh.kind): the body holds one update per tensor form, which keeps
 // the code a work block runs small enough for the instruction caches.
 template <int W, optimizer K>
@@ -608,31 +675,14 @@ __global__ void __launch_bounds__(optim_threads, 3)
     // The tensor's form (form_of) and whether its buffers take vector accesses (bit 0).
     const unsigned f = forms[j];
     const bool vec = (f & 1u) != 0;
-#define LOWBIT_STEP_FORM(n, pk, rb, e8)                                                            \
-  case n:                                                                                          \
-    block_step<W, K, param_kind::pk, rb, e8>(sh, it, vec, j, b, eta, decay, bad, ss, skipped);     \
-    break;
-    switch (f >> 1) {
-      LOWBIT_STEP_FORM(0, f32, 0, false)
-      LOWBIT_STEP_FORM(1, f32, 0, true)
-      LOWBIT_STEP_FORM(2, bf16, 0, false)
-      LOWBIT_STEP_FORM(3, bf16, 0, true)
-      LOWBIT_STEP_FORM(4, f16, 0, false)
-      LOWBIT_STEP_FORM(5, f16, 0, true)
-      LOWBIT_STEP_FORM(6, bf16, 8, false)
-      LOWBIT_STEP_FORM(7, bf16, 8, true)
-      LOWBIT_STEP_FORM(8, bf16, 16, false)
-      LOWBIT_STEP_FORM(9, bf16, 16, true)
-      LOWBIT_STEP_FORM(10, f16, 8, false)
-      LOWBIT_STEP_FORM(11, f16, 8, true)
-      LOWBIT_STEP_FORM(12, f16, 16, false)
-    default: LOWBIT_STEP_FORM(13, f16, 16, true)
-    }
-#undef LOWBIT_STEP_FORM
+    with_form(f >> 1, [&](auto fm) {
+      using F = decltype(fm);
+      block_step<W, K, F::pk, F::rb, F::e8>(sh, it, vec, j, b, eta, decay, bad, ss, skipped);
+    });
   }
 }
 
-// A tensor's form as step_kernel's switch numbers it: parameter dtype and residual width, then
+// A tensor's form as with_form numbers it: parameter dtype and residual width, then
 // 8-bit states.
 unsigned form_of(const optim_item& it) {
   unsigned pr = 0; // f32, bf16, f16, bf16 + 8, bf16 + 16, f16 + 8, f16 + 16
@@ -641,23 +691,6 @@ unsigned form_of(const optim_item& it) {
   else
     pr = (it.ptype == param_kind::bf16 ? 3u : 5u) + (it.rbits == 16 ? 1u : 0u);
   return 2 * pr + (it.eight_bit ? 1u : 0u);
-}
-
-// The bucket tables of the two dynamic maps (blockwise_ops.hpp), built on the host once per
-// process: the step kernel's nearest-entry search, equal to nearest_index for every |t| <= 1.
-struct bucket_tables {
-  std::uint32_t u[2][bops::bucket_count]; // signed, unsigned
-};
-const bucket_tables& buckets_of(const optim_problem& p) {
-  static const bucket_tables bt = [&] {
-    bucket_tables b;
-    const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
-    for (int k = 0; k < 2; ++k)
-      for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
-        b.u[k][u] = bops::bucket_entry(t[k]->sum_hi, t[k]->sum_lo, u);
-    return b;
-  }();
-  return bt;
 }
 
 // CUDA blocks for `total` work blocks taken by groups of W warps: as many as fit on the device
@@ -678,17 +711,21 @@ template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
 template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex) {
   const cudaStream_t s = stream_of(ex);
   const std::int64_t count = static_cast<std::int64_t>(p.items.size());
-  // One upload: the tensor table, the two codebooks' tables and bucket tables, and per tensor
-  // its form and whether every buffer is 16-byte aligned (its full blocks then move in vectors).
+  // The codebooks' tables stay on the device (resident_tables); each call uploads only the
+  // tensor table and, per tensor, its form and whether every buffer is 16-byte aligned (its full
+  // blocks then move in vectors).
+  const step_tables rt = resident_tables(p);
+  const bops::tables* tabs = rt.tabs;
+  const std::uint32_t* bks = rt.buckets;
+  // One scratch allocation: the tensor table, the forms, and (with the pre-pass) the work
+  // blocks' partials and the tensors' pairs.
+  const bool pre = p.sh.prepass;
   const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
-  const std::size_t tab_off = (items_bytes + 255) / 256 * 256;
-  const std::size_t bk_off = tab_off + 2 * sizeof(bops::tables);
-  const std::size_t vec_off = bk_off + sizeof(bucket_tables);
-  std::vector<unsigned char> host(vec_off + p.items.size());
-  std::memcpy(host.data() + bk_off, &buckets_of(p).u[0][0], sizeof(bucket_tables));
+  const std::size_t pre_off = (items_bytes + p.items.size() + 255) / 256 * 256;
+  const std::size_t pre_bytes =
+      pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 0;
+  std::vector<unsigned char> host(items_bytes + p.items.size());
   std::memcpy(host.data(), p.items.data(), items_bytes);
-  std::memcpy(host.data() + tab_off, &p.tb_signed, sizeof(bops::tables));
-  std::memcpy(host.data() + tab_off + sizeof(bops::tables), &p.tb_unsigned, sizeof(bops::tables));
   const auto aligned = [](const void* q) {
     return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0;
   };
@@ -696,42 +733,30 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
     const optim_item& it = p.items[k];
     const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) && aligned(it.s2) &&
                      aligned(it.resid);
-    host[vec_off + k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
+    host[items_bytes + k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
   }
-  scratch table(host.size(), s);
+  scratch table(pre_off + pre_bytes, s);
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(table.as<unsigned char>(), host.data(), host.size(),
                                     cudaMemcpyHostToDevice, s));
   const auto* items = table.as<const optim_item>();
-  const auto* tabs = reinterpret_cast<const bops::tables*>(table.as<unsigned char>() + tab_off);
-  const auto* bks = reinterpret_cast<const std::uint32_t*>(table.as<unsigned char>() + bk_off);
-  const auto* forms = table.as<unsigned char>() + vec_off;
-  // What nearest_codes takes of the dynamic maps' bucket tables: the signed one simple, and both
-  // buckets 0 of both the index of zero.
-  static const bool tables_as_assumed = [&] {
-    bool ok = bops::simple_buckets(p.tb_signed);
-    const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
-    for (int k = 0; k < 2; ++k) {
-      const std::uint32_t zero = bops::nearest_index(t[k]->sum_hi, t[k]->sum_lo, 0.0f);
-      for (std::uint32_t u = 0; u < 2; ++u)
-        ok = ok && buckets_of(p).u[k][u] == bops::bucket_step_entry(zero, bops::bucket_never);
-    }
-    return ok;
-  }();
-  require(tables_as_assumed, errc::unsupported,
-          "optimizer step: the dynamic maps' bucket tables are not as the CUDA kernel takes them");
-  const bool pre = p.sh.prepass;
-  scratch extra(pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 4,
-                s);
+  const auto* forms = table.as<unsigned char>() + items_bytes;
   float *eta_decay = nullptr, *partial = nullptr;
-  if (pre) {
-    partial = extra.as<float>();
-    eta_decay = partial + 2 * p.total_blocks;
-    prepass_kernel<W><<<grid_of<W, prepass_kernel<W>>(p.total_blocks), optim_threads, 0, s>>>(
-        p.sh, items, count, p.total_blocks, tabs, partial);
-    check_launch("prepass_kernel");
-    tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items, partial,
-                                                                              eta_decay);
-    check_launch("tensor_pair_kernel");
+  constexpr bool may_prepass =
+      K == optimizer::stable_adamw || K == optimizer::lamb || K == optimizer::lars;
+  require(may_prepass || !pre, errc::unsupported,
+          "optimizer step: a pre-pass for an element-wise optimizer");
+  if constexpr (may_prepass) {
+    if (pre) {
+      partial = reinterpret_cast<float*>(table.as<unsigned char>() + pre_off);
+      eta_decay = partial + 2 * p.total_blocks;
+      constexpr auto pre_kernel = prepass_kernel<W, K>;
+      pre_kernel<<<grid_of<W, pre_kernel>(p.total_blocks), optim_threads, 0, s>>>(
+          p.sh, items, forms, count, p.total_blocks, tabs, partial);
+      check_launch("prepass_kernel");
+      tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items,
+                                                                                partial, eta_decay);
+      check_launch("tensor_pair_kernel");
+    }
   }
   constexpr auto kernel = step_kernel<W, K>;
   kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(

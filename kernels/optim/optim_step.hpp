@@ -8,6 +8,17 @@ namespace lowbit::kernels::cuda {
 
 template <optimizer K> void launch_step(const optim_problem& p, const exec& ex);
 
+// The two dynamic maps' tables (signed, unsigned; p.tb_signed and p.tb_unsigned, constants of the
+// process) and their bucket tables, on the current device: uploaded by the first call on each
+// device and kept until the process ends, so that a step uploads only its tensor table (a step
+// per parameter, inside the backward pass, would otherwise copy 40 KB each time). Checks once
+// that the bucket tables are as the step kernel takes them (nearest_codes).
+struct step_tables {
+  const blockwise_ops::tables* tabs; // [2]
+  const std::uint32_t* buckets;      // [2][blockwise_ops::bucket_count]
+};
+step_tables resident_tables(const optim_problem& p);
+
 extern template void launch_step<optimizer::adam>(const optim_problem&, const exec&);
 extern template void launch_step<optimizer::adamw>(const optim_problem&, const exec&);
 extern template void launch_step<optimizer::stable_adamw>(const optim_problem&, const exec&);
