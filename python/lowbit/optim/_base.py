@@ -174,9 +174,35 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self.seed = int(seed)
         # The Philox offset of stochastic rounding, advanced by every call (saved in state_dict).
         self.rng_offset = 0
-        self.skipped_blocks = 0  # blocks left untouched for NaN/Inf, all steps so far
+        # Blocks left untouched for NaN/Inf, all steps so far: a base count plus the counters
+        # the kernel adds to, one int64 per item of a call, kept per (device, item count) so that
+        # a step (one per parameter inside the backward pass) allocates and sums nothing.
+        self._skipped_base = 0
+        self._skipped_counts: dict[tuple[torch.device, int], torch.Tensor] = {}
         # Per parameter: its state tensors and their checked pointers (_state_fields).
         self._fields: dict[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]] = {}
+
+    @property
+    def skipped_blocks(self) -> Any:
+        """Blocks left untouched for a NaN/Inf gradient or state, over all steps so far: an int
+        where every step ran on the CPU, else a 0-d int64 tensor on the GPU (reading it does not
+        synchronize; ``int()`` of it does)."""
+        total: Any = self._skipped_base
+        for (device, _), counts in self._skipped_counts.items():
+            total = total + (int(counts.sum()) if device.type == "cpu" else counts.sum())
+        return total
+
+    @skipped_blocks.setter
+    def skipped_blocks(self, value: int) -> None:
+        self._skipped_base = int(value)
+        self._skipped_counts = {}
+
+    def _skipped_counter(self, device: torch.device, n: int) -> torch.Tensor:
+        counts = self._skipped_counts.get((device, n))
+        if counts is None:
+            counts = torch.zeros(n, dtype=torch.int64, device=device)
+            self._skipped_counts[(device, n)] = counts
+        return counts
 
     # ---- the kernel's hyper-parameters (subclasses) ----------------------------------------
 
@@ -343,7 +369,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             buckets.setdefault((p.device, st["step"]), []).append(item)
         rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
         for (device, step), items in buckets.items():
-            skipped = torch.zeros(len(items), dtype=torch.int64, device=device)
+            skipped = self._skipped_counter(device, len(items))  # the kernel adds to it
             args = (self._kernel, items, 1 if device.type == "cuda" else 0, device.index or 0,
                     hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
                     hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
@@ -362,9 +388,6 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(f"{type(self).__name__}: parameters on {device} are not "
                                    "supported (CPU and CUDA only)")
             self.rng_offset += 2 * len(items)
-            total = skipped.sum()
-            self.skipped_blocks = self.skipped_blocks + (
-                int(total) if device.type == "cpu" else total)
         self.rng_offset += 2 * empty
         for p, param in copies:
             _dist.local(p).copy_(param)
