@@ -15,8 +15,8 @@
 // order-dependent sum, so the lanes' mapping changes no result. StableAdamW, and LAMB and LARS
 // with the trust ratio on, run two small kernels first (the pre-pass partials of each work block,
 // its tensor's form a template argument as in the step: the RMS terms, or the squared norms of p
-// and u or g; then each tensor's pair) in the tree that
-// optim_cpu.cpp mirrors: there lane t of a work block holds its elements t, t + lanes, ...
+// and u or g; then each tensor's pair) in the tree that optim_cpu.cpp mirrors: each lane sums its
+// eight elements in slot order, then the lanes pairwise by halving strides.
 //
 // The kernels are in optim_step.cuh; this file dispatches to the optimizer's instance.
 #include "optim_step.hpp"

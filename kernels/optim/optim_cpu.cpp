@@ -2,7 +2,8 @@
 // block-level code of optim_internal.hpp, work blocks processed in parallel. Block maxima and the
 // skip decision are order-free; the per-tensor pre-pass sums (StableAdamW's RMS, LAMB's and
 // LARS' squared norms) are summed in the CUDA kernel's tree (each of the work block's block / 8
-// lanes sums its elements in order, then each warp's 32 lanes pairwise by halving strides, then
+// lanes sums its eight elements in slot order, 4t .. 4t + 3 then 4 lanes + 4t .. for lane t,
+// then each warp's 32 lanes pairwise by halving strides, then
 // the warps so, where there are several; the tensor's block partials in double, 256 lanes in
 // order then halving strides), so the results equal the GPU's bit for bit.
 #include <algorithm>
@@ -54,9 +55,15 @@ void prepass_partial(const optim_problem& p, const optim_item& it, std::int64_t 
   const int lanes = optim_lanes(block);
   float lane0[optim_threads], lane1[optim_threads];
   bool bad = false;
+  const std::int64_t end = std::min(it.n, i0 + block);
   for (int t = 0; t < lanes; ++t) {
     float s0 = 0.0f, s1 = 0.0f;
-    for (std::int64_t i = i0 + t; i < std::min(it.n, i0 + block); i += lanes) {
+    // Lane t's elements in the kernel's slot order: 4t .. 4t + 3, then 4 lanes + 4t .. (the
+    // step kernel's lane_slots).
+    for (int k = 0; k < optim_per_lane; ++k) {
+      const std::int64_t i = i0 + 4 * ((k >> 2) * lanes + t) + (k & 3);
+      if (i >= end)
+        continue;
       const d::prepass_terms e = d::prepass_element(p.sh, it, v0, v1, i, b - it.block0);
       bad |= !e.ok;
       s0 = s0 + e.a;

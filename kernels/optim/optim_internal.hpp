@@ -21,8 +21,8 @@ namespace lowbit::kernels {
 
 // Threads of one CUDA block. A work block is one absmax block of one tensor (block elements),
 // taken by block / 8 lanes (one warp for blocks of 256, the whole CUDA block for 2048): lane t
-// holds its elements t, t + lanes, ... (eight of them), and the CPU twin mirrors the lanes'
-// reductions.
+// holds eight of its elements in two runs of four, 4t .. 4t + 3 and 4 lanes + 4t .., and the CPU
+// twin mirrors the lanes' reductions.
 inline constexpr int optim_threads = 256;
 inline constexpr int optim_per_lane = 8;
 LOWBIT_HD LOWBIT_INLINE int optim_lanes(std::int64_t block) {

@@ -431,7 +431,7 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     if (ns > 1)
       load_lane<float>(it.s2, ls, f2);
   }
-  float np[EPT], s1[EPT], s2[EPT];
+  float s1[EPT], s2[EPT];
   // The lane's largest magnitude bits of everything that must be finite (gradient, the stored
   // parameter, the new states): Inf or NaN among them makes it >= 0x7F800000.
   std::uint32_t big = 0;
@@ -458,16 +458,25 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
         x2 = f2[k];
     }
     const optim_ops::result res = d::update(K, sh, eta, decay, p0, g, x1, x2);
-    np[k] = res.p;
     s1[k] = ns > 0 ? res.s1 : 0.0f;
     s2[k] = ns > 1 ? res.s2 : 0.0f;
     if (ls.vec || ls.in(k)) {
+      // The parameter's new stored bits (and residual) replace the loaded ones at once: a
+      // skipped block stores nothing, so they are needed only to store, and the value the
+      // check sees is the one the store writes (d::stored_value).
       float stored;
-      if constexpr (RB != 0)
-        stored = residual_ops::weight_value(d::resid_kind(PK),
-                                            residual_ops::split(d::resid_kind(PK), RB, res.p).w);
-      else
-        stored = d::stored_value(PK, res.p);
+      if constexpr (RB != 0) {
+        const residual_ops::parts sp = residual_ops::split(d::resid_kind(PK), RB, res.p);
+        pb[k] = sp.w;
+        rb[k] = static_cast<RT>(sp.r);
+        stored = residual_ops::weight_value(d::resid_kind(PK), sp.w);
+      } else if constexpr (PK == param_kind::f32) {
+        pb[k] = res.p;
+        stored = res.p;
+      } else {
+        pb[k] = param_code<PK>(res.p);
+        stored = param_value<PK>(pb[k]);
+      }
       big = max(big, max(bops::abs_bits(g), bops::abs_bits(stored)));
       big = max(big, max(bops::abs_bits(s1[k]), bops::abs_bits(s2[k])));
     } else {
@@ -481,23 +490,8 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     return;
   }
   // The parameter (and residual).
-  if constexpr (RB != 0) {
-#pragma unroll
-    for (int k = 0; k < EPT; ++k) {
-      const residual_ops::parts s = residual_ops::split(d::resid_kind(PK), RB, np[k]);
-      pb[k] = s.w;
-      rb[k] = static_cast<RT>(s.r);
-    }
+  if constexpr (RB != 0)
     store_lane<RT>(it.resid, ls, rb);
-  } else if constexpr (PK == param_kind::f32) {
-#pragma unroll
-    for (int k = 0; k < EPT; ++k)
-      pb[k] = np[k];
-  } else {
-#pragma unroll
-    for (int k = 0; k < EPT; ++k)
-      pb[k] = param_code<PK>(np[k]);
-  }
   store_lane<PB>(it.param, ls, pb);
   // The states.
   const auto store_state = [&](auto qc, const float(&sv)[EPT]) {
@@ -562,52 +556,67 @@ template <class F> __device__ __forceinline__ void with_form(unsigned n, F&& f) 
 }
 
 // The pre-pass of one work block of tensor `it` in form F: its two partial sums (partial[2 wb],
-// partial[2 wb + 1]) or excluded_partial in the first, in the tree optim_cpu.cpp mirrors (lane r
-// holds elements r, r + lanes, ..., summed in that order). Only what optimizer K's terms need is
-// read: StableAdamW the gradient and v, LARS the parameter and the gradient, LAMB all.
+// partial[2 wb + 1]) or excluded_partial in the first, in the tree optim_cpu.cpp mirrors: each
+// lane sums its eight elements (lane_slots, as the step holds them) in slot order, then the lanes
+// pairwise by halving strides. Only what optimizer K's terms need is read: StableAdamW the
+// gradient and v, LARS the parameter and the gradient, LAMB all.
 template <int W, optimizer K, class F>
 __device__ __forceinline__ void block_prepass(const optim_shared& sh, const optim_item& it,
-                                              std::int64_t b, std::int64_t wb, float* partial,
-                                              float* red) {
+                                              bool vec_item, std::int64_t b, std::int64_t wb,
+                                              float* partial, float* red) {
   using grp = lane_group<W>;
   using PB = param_bits<F::pk>;
   using RT = std::conditional_t<F::rb == 8, std::int8_t, std::int16_t>;
   constexpr bool stable = K == optimizer::stable_adamw, lars = K == optimizer::lars;
   constexpr int T0 = d::state_signed(K, 0) ? 0 : 1;
   const int r = grp::rank();
-  const std::int64_t i0 = b * sh.block;
-  const std::int64_t end = min(it.n, i0 + sh.block);
+  const lane_slots ls = lane_slots::of<W>(b * sh.block, it.n, vec_item);
+  PB gb[EPT], pb[EPT];
+  RT rb[EPT];
+  load_lane<PB>(it.grad, ls, gb);
+  if constexpr (!stable) {
+    load_lane<PB>(it.param, ls, pb);
+    if constexpr (F::rb != 0)
+      load_lane<RT>(it.resid, ls, rb);
+  }
+  std::uint32_t w1[2] = {0, 0}, w2[2] = {0, 0};
+  float f1[EPT], f2[EPT];
   float am = 0.0f, av = 0.0f;
-  if constexpr (F::e8) {
-    if constexpr (!stable && !lars)
+  if constexpr (!stable && !lars) {
+    if constexpr (F::e8) {
+      load_codes(it.s1, ls, w1);
       am = it.a1[b];
-    if constexpr (!lars)
+    } else {
+      load_lane<float>(it.s1, ls, f1);
+    }
+  }
+  if constexpr (!lars) {
+    if constexpr (F::e8) {
+      load_codes(it.s2, ls, w2);
       av = it.a2[b];
+    } else {
+      load_lane<float>(it.s2, ls, f2);
+    }
   }
   float s0 = 0.0f, s1 = 0.0f;
   bool bad = false;
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
-    const std::int64_t i = i0 + r + k * grp::lanes;
-    if (i < end) {
-      const float g = param_value<F::pk>(static_cast<const PB*>(it.grad)[i]);
+    if (ls.vec || ls.in(k)) {
+      const float g = param_value<F::pk>(gb[k]);
       float p = 0.0f, m = 0.0f, v = 0.0f;
       if constexpr (!stable) {
-        const PB pb = static_cast<const PB*>(it.param)[i];
         if constexpr (F::rb != 0)
-          p = residual_ops::join(d::resid_kind(F::pk), F::rb, pb,
-                                 static_cast<const RT*>(it.resid)[i]);
+          p = residual_ops::join(d::resid_kind(F::pk), F::rb, pb[k], rb[k]);
         else
-          p = param_value<F::pk>(pb);
+          p = param_value<F::pk>(pb[k]);
       }
       // value * absmax (bops::decode less its NaN canonicalization: a NaN makes the terms
       // non-finite, which excludes the block either way).
       if constexpr (!stable && !lars)
-        m = F::e8 ? step_tb[T0].value[static_cast<const std::uint8_t*>(it.s1)[i]] * am
-                  : static_cast<const float*>(it.s1)[i];
+        m = F::e8 ? step_tb[T0].value[code_at(w1, k)] * am : f1[k];
       if constexpr (!lars)
-        v = F::e8 ? step_tb[1].value[static_cast<const std::uint8_t*>(it.s2)[i]] * av
-                  : static_cast<const float*>(it.s2)[i];
+        v = F::e8 ? step_tb[1].value[code_at(w2, k)] * av : f2[k];
       const d::prepass_terms e = d::prepass_values(K, sh, p, g, m, v);
       bad |= !e.ok;
       s0 = s0 + e.a;
@@ -638,7 +647,8 @@ __global__ void __launch_bounds__(optim_threads)
     j = range.advance(items, count, j, wb);
     const optim_item& it = items[j];
     with_form(forms[j] >> 1, [&](auto f) {
-      block_prepass<W, K, decltype(f)>(sh, it, wb - it.block0, wb, partial, red);
+      block_prepass<W, K, decltype(f)>(sh, it, (forms[j] & 1u) != 0, wb - it.block0, wb, partial,
+                                       red);
     });
   }
 }
