@@ -54,6 +54,25 @@ def _check_master(master: Any) -> None:
         raise ValueError(f"master_weights={master!r}; expected None, 'residual16' or 'residual8'")
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _on_stream(device: torch.device, fn: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+    """fn(*args, stream, **kwargs) with the raw handle of torch's current stream on CUDA device
+    `device`, that device current during the call (entered only where it is not already: a
+    step per parameter inside the backward pass makes this call hundreds of times a step)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    current = torch.cuda.current_device()
+    stream = _raw_stream(index) if _raw_stream is not None else \
+        int(torch.cuda.current_stream(index).cuda_stream)
+    if current == index:
+        fn(*args, stream, **kwargs)
+        return
+    with torch.cuda.device(index):
+        fn(*args, stream, **kwargs)
+
+
 def _residual_call(split: bool, x: torch.Tensor, w: torch.Tensor, r: torch.Tensor,
                    bits: int) -> None:
     """One residual split (x -> w, r) or join (w, r -> x) call; contiguous tensors of one
@@ -67,8 +86,7 @@ def _residual_call(split: bool, x: torch.Tensor, w: torch.Tensor, r: torch.Tenso
             dev.index or 0)
     fn = _core.residual_split_raw if split else _core.residual_join_raw
     if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            fn(*args, int(torch.cuda.current_stream(dev).cuda_stream))
+        _on_stream(dev, fn, args, {})
     else:
         fn(*args, 0)
 
@@ -308,85 +326,97 @@ class LowbitOptimizer(torch.optim.Optimizer):
             self._step_group(group)
         return loss
 
+    def _plan(self, p: torch.Tensor, param: torch.Tensor, st: dict[str, Any],
+              ns: int) -> tuple[Any, ...]:
+        """What a step needs of parameter p (param: its local tensor) besides the gradient,
+        checked once and cached while param's storage and p's state tensors stay the same:
+        (numel, dtype code, state pointers, 8-bit, residual pointer, residual bits, the objects
+        the pointers point into)."""
+        objs = tuple(st[name] for name, _ in self._states[:ns]) + (st.get("residual"),)
+        ptr = param.data_ptr()
+        cached = self._fields.get(p)
+        if cached is not None and cached[0] == ptr and len(cached[1]) == len(objs) and \
+                all(a is b for a, b in zip(cached[1], objs)):
+            return cached[2]
+        code = _DTYPE_CODES.get(p.dtype)
+        if code is None:
+            raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
+                            "supported; expected float32, bfloat16 or float16")
+        ptrs, eight = self._state_fields(param, st, self._states[:ns])
+        rptr, rbits = self._residual_field(p, st)
+        plan = (param.numel(), code, tuple(ptrs), eight, rptr, rbits, objs)
+        self._fields[p] = (ptr, objs, plan)
+        return plan
+
     def _step_group(self, group: dict[str, Any],
                     params: Optional[Iterable[torch.Tensor]] = None) -> None:
         """Steps the group's parameters that have a gradient (``params``: only these)."""
         _check_master(group.get("master_weights"))
-        hp = self._hparams(group)
         ns = self._n_states(group)
+        q = group.get("percentile_clipping", 100)
+        if q != 100:
+            _check_percentile(q)
+        who = type(self).__name__
         # One call per (device, step): a group's parameters normally share both.
         buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
         keep: list[torch.Tensor] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         empty = 0  # empty shards, counted as items for the Philox offset (the same on all ranks)
         for p in group["params"] if params is None else params:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            if p.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            _dist.check_step(p, self._kernel, group, self.stochastic_rounding,
-                             type(self).__name__)
-            code = _DTYPE_CODES.get(p.dtype)
-            if code is None:
-                raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
-                                "supported; expected float32, bfloat16 or float16")
+            if grad.is_sparse:
+                raise RuntimeError(f"{who} does not support sparse gradients")
+            _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
             st = self.state[p]
             if "step" not in st:
                 st = self._init_state(p, group)
-            st["step"] = int(st["step"]) + 1
-            param = _dist.local(p).detach()  # a DTensor's (FSDP2's) local shard
-            if param.numel() == 0:  # an empty shard: nothing to update
+            step = st["step"] = int(st["step"]) + 1
+            param = _dist.local(p)  # a DTensor's (FSDP2's) local shard, else p itself
+            n, code, ptrs, eight, rptr, rbits, objs = self._plan(p, param, st, ns)
+            if n == 0:  # an empty shard: nothing to update
                 empty += 1
                 continue
             if not param.is_contiguous():
-                param = param.contiguous()
+                param = param.detach().contiguous()
                 copies.append((p, param))
-            grad = _dist.local(p.grad)
-            if grad.device != p.device:
-                raise RuntimeError(f"{type(self).__name__}: a gradient on {grad.device} for a "
-                                   f"parameter on {p.device}")
+            grad = _dist.local(grad)
+            device = param.device
+            if grad.device != device:
+                raise RuntimeError(f"{who}: a gradient on {grad.device} for a parameter on "
+                                   f"{device}")
             if grad.dtype != p.dtype:
                 grad = grad.to(p.dtype)
-            grad = grad.contiguous()
-            q = group.get("percentile_clipping", 100)
+            if not grad.is_contiguous():
+                grad = grad.contiguous()
             if q != 100:
-                _check_percentile(q)
                 grad = self._clipped(st, grad, q)
             keep += [param, grad]
-            names = self._states[:ns]
-            objs = tuple(st[name] for name, _ in names)
-            cached = self._fields.get(p)
-            if cached is None or len(cached[0]) != len(objs) or \
-                    any(a is not b for a, b in zip(cached[0], objs)):
-                cached = (objs, self._state_fields(param, st, names))
-                self._fields[p] = cached
-            ptrs, eight = cached[1]
-            rptr, rbits = self._residual_field(p, st)
-            if rptr:
-                keep.append(st["residual"])
-            item = (param.data_ptr(), grad.data_ptr(), *ptrs, param.numel(), code, eight, rptr,
-                    rbits)
-            buckets.setdefault((p.device, st["step"]), []).append(item)
-        rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
+            keep += objs
+            buckets.setdefault((device, step), []).append(
+                (param.data_ptr(), grad.data_ptr(), *ptrs, n, code, eight, rptr, rbits))
+        if buckets:
+            hp = self._hparams(group)
+            rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
+            # LAMB's and LARS' trust-ratio settings, keyword arguments of the entry.
+            trust = {k: hp[k] for k in _TRUST_ARGS if k in hp}
+            coeffs = (hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
+                      hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
+                      hp.get("dampening", 0.0), hp.get("nesterov", False),
+                      hp.get("lr_decay", 0.0), hp.get("maximize", False))
         for (device, step), items in buckets.items():
             skipped = self._skipped_counter(device, len(items))  # the kernel adds to it
             args = (self._kernel, items, 1 if device.type == "cuda" else 0, device.index or 0,
-                    hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
-                    hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
-                    hp.get("dampening", 0.0), hp.get("nesterov", False), hp.get("lr_decay", 0.0),
-                    hp.get("maximize", False), step, skipped.data_ptr(), self.block_size,
-                    rounding, self.seed, self.rng_offset, 0)
-            # LAMB's and LARS' trust-ratio settings, keyword arguments of the entry.
-            trust = {k: hp[k] for k in _TRUST_ARGS if k in hp}
+                    *coeffs, step, skipped.data_ptr(), self.block_size, rounding, self.seed,
+                    self.rng_offset, 0)
             if device.type == "cuda":
-                with torch.cuda.device(device):
-                    _core.optimizer_step_raw(
-                        *args, int(torch.cuda.current_stream(device).cuda_stream), **trust)
+                _on_stream(device, _core.optimizer_step_raw, args, trust)
             elif device.type == "cpu":
                 _core.optimizer_step_raw(*args, 0, **trust)
             else:
-                raise RuntimeError(f"{type(self).__name__}: parameters on {device} are not "
-                                   "supported (CPU and CUDA only)")
+                raise RuntimeError(f"{who}: parameters on {device} are not supported (CPU and "
+                                   "CUDA only)")
             self.rng_offset += 2 * len(items)
         self.rng_offset += 2 * empty
         for p, param in copies:
