@@ -305,7 +305,7 @@ def test_cuda_emulation_equals_the_cpu_bit_for_bit(name):
     for _ in range(2):
         outs = []
         for layer, dev in ((cpu, "cpu"), (gpu, "cuda")):
-            xi = x.to(dev).requires_grad_(True)
+            xi = x.detach().to(dev).clone().requires_grad_(True)  # a leaf on each device
             layer.zero_grad()
             y = layer(xi)
             y.backward(gy.to(dev))
