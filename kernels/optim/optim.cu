@@ -6,8 +6,9 @@
 // (its reductions are shuffles, no barrier), or the whole CUDA block of 256 threads for blocks of
 // 2048. Each group takes a contiguous range of work blocks, one at a time, with the codebooks'
 // tables and bucket tables (uploaded once per device and process, resident_tables) in shared
-// memory loaded once per CUDA block. Per work block: the
-// tensor's form (parameter dtype, residual width, 8- or 32-bit states) chosen once, then
+// memory, loaded once per CUDA block where some tensor of the call keeps 8-bit states; the
+// call's tensor table in the kernels' parameters for up to four tensors, else uploaded. Per work
+// block: the tensor's form (parameter dtype, residual width, 8- or 32-bit states) chosen once, then
 // parameter, gradient, residual and states read once (in vectors where the buffers are aligned),
 // updated in registers by optim_ops.hpp, the block's skip decision and state absmax reduced, the
 // states' nearest codes found through one reciprocal of the absmax and the bucket tables (equal

@@ -5,7 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -113,6 +115,23 @@ template <int W> struct work_range {
   }
 };
 
+// A call's tensor table as the kernels read it: in the kernels' parameters for calls of up to
+// inline_items tensors (a step per parameter inside the backward pass then uploads and
+// allocates nothing), else in device memory. `eight`: some tensor keeps 8-bit states (the
+// codebook tables are loaded into shared memory only then).
+constexpr int inline_items = 4;
+struct step_items {
+  const optim_item* table = nullptr; // device memory, or null: `inl`
+  const std::uint8_t* table_forms = nullptr;
+  bool eight = false;
+  optim_item inl[inline_items];
+  std::uint8_t inl_forms[inline_items] = {};
+  __device__ const optim_item* items() const { return table != nullptr ? table : inl; }
+  __device__ const std::uint8_t* forms() const {
+    return table != nullptr ? table_forms : inl_forms;
+  }
+};
+
 __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
   const auto* s = reinterpret_cast<const float*>(src);
   auto* t = reinterpret_cast<float*>(dst);
@@ -124,8 +143,9 @@ __device__ void load_tables(const bops::tables* src, bops::tables* dst) {
 
 // One CUDA block per tensor: the tensor's pair (eta, decay) from its block partials.
 __global__ void __launch_bounds__(optim_threads)
-    tensor_pair_kernel(optim_shared sh, const optim_item* items, const float* partial,
+    tensor_pair_kernel(optim_shared sh, const __grid_constant__ step_items si, const float* partial,
                        float* eta_decay) {
+  const optim_item* items = si.items();
   __shared__ double lane0[optim_threads], lane1[optim_threads];
   __shared__ unsigned long long cnt[optim_threads];
   const optim_item it = items[blockIdx.x];
@@ -636,11 +656,13 @@ __device__ __forceinline__ void block_prepass(const optim_shared& sh, const opti
 // The pre-pass kernel of optimizer K: every work block's two partial sums.
 template <int W, optimizer K>
 __global__ void __launch_bounds__(optim_threads)
-    prepass_kernel(optim_shared sh, const optim_item* items, const std::uint8_t* forms,
-                   std::int64_t count, std::int64_t total, const bops::tables* tabs,
-                   float* partial) {
+    prepass_kernel(optim_shared sh, const __grid_constant__ step_items si, std::int64_t count,
+                   std::int64_t total, const bops::tables* tabs, float* partial) {
   __shared__ float red[warps];
-  load_tables(tabs, step_tb); // synchronizes
+  const optim_item* items = si.items();
+  const std::uint8_t* forms = si.forms();
+  if (si.eight)
+    load_tables(tabs, step_tb); // synchronizes
   const work_range<W> range = work_range<W>::of(items, count, total);
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
@@ -657,13 +679,16 @@ __global__ void __launch_bounds__(optim_threads)
 // the code a work block runs small enough for the instruction caches.
 template <int W, optimizer K>
 __global__ void __launch_bounds__(optim_threads, 3)
-    step_kernel(optim_shared sh, const optim_item* items, const std::uint8_t* forms,
-                std::int64_t count, std::int64_t total, const bops::tables* tabs,
-                const std::uint32_t* bks, const float* eta_decay, const float* partial,
-                std::int64_t* skipped) {
-  for (int k = threadIdx.x; k < 2 * static_cast<int>(bops::bucket_count); k += blockDim.x)
-    (&step_bk[0][0])[k] = bks[k];
-  load_tables(tabs, step_tb); // synchronizes
+    step_kernel(optim_shared sh, const __grid_constant__ step_items si, std::int64_t count,
+                std::int64_t total, const bops::tables* tabs, const std::uint32_t* bks,
+                const float* eta_decay, const float* partial, std::int64_t* skipped) {
+  const optim_item* items = si.items();
+  const std::uint8_t* forms = si.forms();
+  if (si.eight) { // a call of 32-bit states only needs no codebook
+    for (int k = threadIdx.x; k < 2 * static_cast<int>(bops::bucket_count); k += blockDim.x)
+      (&step_bk[0][0])[k] = bks[k];
+    load_tables(tabs, step_tb); // synchronizes
+  }
   constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1;
   const std::uint32_t bases[2] = {
       static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[0])) - bops::bucket_bias,
@@ -727,29 +752,43 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
   const step_tables rt = resident_tables(p);
   const bops::tables* tabs = rt.tabs;
   const std::uint32_t* bks = rt.buckets;
-  // One scratch allocation: the tensor table, the forms, and (with the pre-pass) the work
-  // blocks' partials and the tensors' pairs.
+  // The tensor table with each tensor's form and whether every buffer is 16-byte aligned (its
+  // full blocks then move in vectors): in the kernels' parameters for a few tensors, else
+  // uploaded. One scratch allocation holds the uploaded table and the pre-pass's work-block
+  // partials and tensor pairs.
   const bool pre = p.sh.prepass;
-  const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
-  const std::size_t pre_off = (items_bytes + p.items.size() + 255) / 256 * 256;
-  const std::size_t pre_bytes =
-      pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 0;
-  std::vector<unsigned char> host(items_bytes + p.items.size());
-  std::memcpy(host.data(), p.items.data(), items_bytes);
   const auto aligned = [](const void* q) {
     return (reinterpret_cast<std::uintptr_t>(q) & 15u) == 0;
   };
+  std::vector<unsigned char> form(p.items.size());
+  step_items si;
   for (std::size_t k = 0; k < p.items.size(); ++k) {
     const optim_item& it = p.items[k];
     const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) && aligned(it.s2) &&
                      aligned(it.resid);
-    host[items_bytes + k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
+    form[k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
+    si.eight = si.eight || it.eight_bit;
   }
-  scratch table(pre_off + pre_bytes, s);
-  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(table.as<unsigned char>(), host.data(), host.size(),
-                                    cudaMemcpyHostToDevice, s));
-  const auto* items = table.as<const optim_item>();
-  const auto* forms = table.as<unsigned char>() + items_bytes;
+  const bool inline_table = count <= inline_items;
+  const std::size_t items_bytes = sizeof(optim_item) * p.items.size();
+  const std::size_t pre_off = inline_table ? 0 : (items_bytes + p.items.size() + 255) / 256 * 256;
+  const std::size_t pre_bytes =
+      pre ? sizeof(float) * static_cast<std::size_t>(2 * p.total_blocks + 2 * count) : 0;
+  std::optional<scratch> mem;
+  if (pre_off + pre_bytes > 0)
+    mem.emplace(pre_off + pre_bytes, s);
+  if (inline_table) {
+    std::copy(p.items.begin(), p.items.end(), si.inl);
+    std::copy(form.begin(), form.end(), si.inl_forms);
+  } else {
+    std::vector<unsigned char> host(items_bytes + p.items.size());
+    std::memcpy(host.data(), p.items.data(), items_bytes);
+    std::memcpy(host.data() + items_bytes, form.data(), form.size());
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(mem->as<unsigned char>(), host.data(), host.size(),
+                                      cudaMemcpyHostToDevice, s));
+    si.table = mem->as<const optim_item>();
+    si.table_forms = mem->as<unsigned char>() + items_bytes;
+  }
   float *eta_decay = nullptr, *partial = nullptr;
   constexpr bool may_prepass =
       K == optimizer::stable_adamw || K == optimizer::lamb || K == optimizer::lars;
@@ -757,20 +796,20 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
           "optimizer step: a pre-pass for an element-wise optimizer");
   if constexpr (may_prepass) {
     if (pre) {
-      partial = reinterpret_cast<float*>(table.as<unsigned char>() + pre_off);
+      partial = reinterpret_cast<float*>(mem->as<unsigned char>() + pre_off);
       eta_decay = partial + 2 * p.total_blocks;
       constexpr auto pre_kernel = prepass_kernel<W, K>;
       pre_kernel<<<grid_of<W, pre_kernel>(p.total_blocks), optim_threads, 0, s>>>(
-          p.sh, items, forms, count, p.total_blocks, tabs, partial);
+          p.sh, si, count, p.total_blocks, tabs, partial);
       check_launch("prepass_kernel");
-      tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, items,
-                                                                                partial, eta_decay);
+      tensor_pair_kernel<<<static_cast<unsigned>(count), optim_threads, 0, s>>>(p.sh, si, partial,
+                                                                                eta_decay);
       check_launch("tensor_pair_kernel");
     }
   }
   constexpr auto kernel = step_kernel<W, K>;
   kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(
-      p.sh, items, forms, count, p.total_blocks, tabs, bks, eta_decay, partial, p.skipped);
+      p.sh, si, count, p.total_blocks, tabs, bks, eta_decay, partial, p.skipped);
   check_launch("step_kernel");
 }
 
