@@ -308,6 +308,30 @@ def test_closure_zero_grad_and_parameters_without_gradients():
     assert p.grad is None
 
 
+def test_a_parameter_given_new_data_at_the_same_address_is_stepped_as_its_new_dtype():
+    # The per-parameter plan is cached; p.data replaced by a tensor at the same address with the
+    # same element count but another dtype must not be stepped with the old dtype's kernel.
+    torch.manual_seed(3)
+    p = torch.nn.Parameter(torch.randn(64))
+    opt = lo.AdamW([p], lr=0.1)
+    p.grad = torch.randn(64)
+    opt.step()
+    half = p.data.view(torch.bfloat16)[:64]  # the first half of p's storage, as bfloat16
+    assert half.data_ptr() == p.data_ptr()
+    half.copy_(torch.linspace(-1, 1, 64))
+    p.data = half
+    g = torch.randn(64, dtype=torch.bfloat16)
+    p.grad = g.clone()
+    ref = torch.nn.Parameter(half.clone())
+    ref_opt = lo.AdamW([ref], lr=0.1)
+    ref_opt.load_state_dict(opt.state_dict())
+    ref.grad = g.clone()
+    opt.step()
+    ref_opt.step()
+    assert p.dtype == torch.bfloat16
+    assert torch.equal(p.detach().view(torch.int16), ref.detach().view(torch.int16))
+
+
 # ---- 8-bit against 32-bit: a small MLP on synthetic data ----------------------------------------
 
 def _mlp(seed):

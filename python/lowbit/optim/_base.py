@@ -329,13 +329,15 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def _plan(self, p: torch.Tensor, param: torch.Tensor, st: dict[str, Any],
               ns: int) -> tuple[Any, ...]:
         """What a step needs of parameter p (param: its local tensor) besides the gradient,
-        checked once and cached while param's storage and p's state tensors stay the same:
+        checked once and cached while param's storage (address, dtype, size) and p's state tensors
+        stay the same:
         (numel, dtype code, state pointers, 8-bit, residual pointer, residual bits, the objects
         the pointers point into)."""
         objs = tuple(st[name] for name, _ in self._states[:ns]) + (st.get("residual"),)
-        ptr = param.data_ptr()
+        # The storage as the kernel sees it: a tensor put in p.data later may reuse the address.
+        key = (param.data_ptr(), param.dtype, param.numel())
         cached = self._fields.get(p)
-        if cached is not None and cached[0] == ptr and len(cached[1]) == len(objs) and \
+        if cached is not None and cached[0] == key and len(cached[1]) == len(objs) and \
                 all(a is b for a, b in zip(cached[1], objs)):
             return cached[2]
         code = _DTYPE_CODES.get(p.dtype)
@@ -345,7 +347,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         ptrs, eight = self._state_fields(param, st, self._states[:ns])
         rptr, rbits = self._residual_field(p, st)
         plan = (param.numel(), code, tuple(ptrs), eight, rptr, rbits, objs)
-        self._fields[p] = (ptr, objs, plan)
+        self._fields[p] = (key, objs, plan)
         return plan
 
     def _step_group(self, group: dict[str, Any],
