@@ -62,8 +62,8 @@ def _on_stream(device: torch.device, fn: Callable[..., Any], args: tuple[Any, ..
     """fn(*args, stream, **kwargs) with the raw handle of torch's current stream on CUDA device
     `device`, that device current during the call (entered only where it is not already: a
     step per parameter inside the backward pass makes this call hundreds of times a step)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
     current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
     stream = _raw_stream(index) if _raw_stream is not None else \
         int(torch.cuda.current_stream(index).cuda_stream)
     if current == index:
@@ -197,8 +197,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
         # a step (one per parameter inside the backward pass) allocates and sums nothing.
         self._skipped_base = 0
         self._skipped_counts: dict[tuple[torch.device, int], torch.Tensor] = {}
-        # Per parameter: its state tensors and their checked pointers (_state_fields).
-        self._fields: dict[torch.Tensor, tuple[tuple[torch.Tensor, ...], Any]] = {}
+        # Per parameter: the plan of _plan, with the storage key and state objects it was made
+        # from.
+        self._fields: dict[torch.Tensor, tuple[tuple[Any, ...], tuple[Any, ...],
+                                               tuple[Any, ...]]] = {}
 
     @property
     def skipped_blocks(self) -> Any:
