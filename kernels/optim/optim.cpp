@@ -107,8 +107,8 @@ optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
   switch (o) {
   case optimizer::adam:
   case optimizer::adamw:
-    c.lr = f(h.lr / (1.0 - std::pow(h.beta1, t)));
-    c.bc2_sqrt = f(std::sqrt(1.0 - std::pow(h.beta2, t)));
+    c.lr = f(h.lr * std::sqrt(1.0 - std::pow(h.beta2, t)) / (1.0 - std::pow(h.beta1, t)));
+    c.eps = f(h.eps * std::sqrt(1.0 - std::pow(h.beta2, t)));
     c.one_m_b1 = f(1.0 - h.beta1);
     c.beta2 = f(h.beta2);
     c.one_m_b2 = f(1.0 - h.beta2);
@@ -162,8 +162,8 @@ optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
     c.beta2 = f(h.beta2);
     c.one_m_b2 = f(1.0 - h.beta2);
     if (h.bias_correction) {
-      c.bc1_inv = f(1.0 / (1.0 - std::pow(h.beta1, t)));
-      c.bc2_sqrt = f(std::sqrt(1.0 - std::pow(h.beta2, t)));
+      c.bc = f(std::sqrt(1.0 - std::pow(h.beta2, t)) / (1.0 - std::pow(h.beta1, t)));
+      c.eps = f(h.eps * std::sqrt(1.0 - std::pow(h.beta2, t)));
     }
     break;
   case optimizer::lars:

@@ -20,8 +20,8 @@ namespace lowbit::kernels::optim_ops {
 // The coefficients of one step, computed once per call on the host (in double, each rounded
 // once to float32; optim.cpp) and read by every element. The names say what each multiplies.
 struct coeffs {
-  float lr = 0.0f;       // adam family: lr / (1 - beta1^t) (step_size); sgd, lion, rmsprop, lars:
-                         // lr; adagrad: lr / (1 + (t - 1) lr_decay); stable_adamw, lamb: lr
+  float lr = 0.0f;       // adam, adamw: lr sqrt(1 - beta2^t) / (1 - beta1^t); sgd, lion, rmsprop,
+                         // lars, stable_adamw, lamb: lr; adagrad: lr / (1 + (t - 1) lr_decay)
   float decay = 1.0f;    // decoupled weight decay factor 1 - lr wd (adamw, lion)
   float wd = 0.0f;       // L2 weight decay added to the gradient (adam, sgd, rmsprop, adagrad,
                          // lars) or to the update direction (lamb)
@@ -29,9 +29,9 @@ struct coeffs {
   float one_m_b1 = 0.0f; // 1 - beta1 (adam family, lion, lamb); sgd, lars: 1 - dampening
   float beta2 = 0.0f;    // adam, rmsprop (alpha), lamb; stable: beta2-hat; lion: beta2
   float one_m_b2 = 0.0f; // 1 - beta2
-  float bc1_inv = 1.0f;  // lamb: 1 / (1 - beta1^t) (1 without bias correction)
-  float bc2_sqrt = 1.0f; // adam, lamb: sqrt(1 - beta2^t) (lamb: 1 without bias correction)
-  float eps = 0.0f;      // added to the denominator
+  float bc = 1.0f;       // lamb: sqrt(1 - beta2^t) / (1 - beta1^t) (1 without bias correction)
+  float eps = 0.0f;      // added to the denominator; adam, adamw and lamb with bias correction:
+                         // eps sqrt(1 - beta2^t) (the bias corrections folded into lr, bc)
   float eps2 = 0.0f;     // stable_adamw: eps^2, the floor of v in the RMS term
   bool first = false;    // sgd, lars: the first step copies the gradient into the momentum
   bool nesterov = false; // sgd, lars
@@ -57,8 +57,11 @@ LOWBIT_HD LOWBIT_INLINE float lerp(float m, float g, float w) {
 }
 
 // Adam (L2 weight decay through the gradient) and AdamW (decoupled: the parameter scaled by
-// 1 - lr wd first). torch: m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2);
-// denom = sqrt(v) / sqrt(1 - b2^t) + eps; p.addcdiv_(m, denom, -lr / (1 - b1^t)).
+// 1 - lr wd first). The moments as torch's: m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, 1 - b2).
+// torch's step p -= lr / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps) with both bias
+// corrections folded into the coefficients (Kingma and Ba's "more efficient" order, section 2):
+// p += (-lr') m / (sqrt(v) + eps') with lr' = lr sqrt(1 - b2^t) / (1 - b1^t) and
+// eps' = eps sqrt(1 - b2^t), the same value with one division less per element.
 LOWBIT_HD LOWBIT_INLINE result adam(const coeffs& c, bool decoupled, float p, float g, float m,
                                     float v) {
   if (c.maximize)
@@ -69,8 +72,7 @@ LOWBIT_HD LOWBIT_INLINE result adam(const coeffs& c, bool decoupled, float p, fl
     g = g + c.wd * p;
   m = lerp(m, g, c.one_m_b1);
   v = v * c.beta2 + c.one_m_b2 * g * g;
-  const float denom = sqrt_rn(v) / c.bc2_sqrt + c.eps;
-  p = p + -c.lr * m / denom;
+  p = p + -c.lr * m / (sqrt_rn(v) + c.eps);
   return {p, m, v};
 }
 
@@ -150,7 +152,9 @@ LOWBIT_HD LOWBIT_INLINE result adagrad(const coeffs& c, float p, float g, float 
 }
 
 // LAMB (You et al. 2020, Algorithm 2, with the AdamW direction): m = b1 m + (1 - b1) g;
-// v = b2 v + (1 - b2) g g; u = (m / (1 - b1^t)) / (sqrt(v) / sqrt(1 - b2^t) + eps) + wd p. The
+// v = b2 v + (1 - b2) g g; u = (m / (1 - b1^t)) / (sqrt(v) / sqrt(1 - b2^t) + eps) + wd p,
+// evaluated as (m bc) / (sqrt(v) + eps') + wd p with the bias corrections folded into bc and
+// eps' as in adam above. The
 // per-tensor pre-pass needs u of every element (for ||u||) before any parameter is written, so
 // the direction is its own function, evaluated identically there and in the step; the states
 // are written only by the step.
@@ -163,8 +167,7 @@ LOWBIT_HD LOWBIT_INLINE lamb_direction_t lamb_direction(const coeffs& c, float p
     g = -g;
   m = c.beta1 * m + c.one_m_b1 * g;
   v = c.beta2 * v + c.one_m_b2 * g * g;
-  const float denom = sqrt_rn(v) / c.bc2_sqrt + c.eps;
-  const float u = m * c.bc1_inv / denom + c.wd * p;
+  const float u = m * c.bc / (sqrt_rn(v) + c.eps) + c.wd * p;
   return {u, m, v};
 }
 // The step with eta = lr min(||p|| / ||u||, max_trust_ratio) (per tensor, from the pre-pass; lr

@@ -109,10 +109,9 @@ rb_result lamb_u(const kernels::optim_hparams& h, double p0, double g0, double a
            c = exact_in(c0);
   const rb m = coef(h.beta1) * a + coef(1.0 - h.beta1) * g;
   const rb v = coef(h.beta2) * c + coef(1.0 - h.beta2) * g * g;
-  const rb bc1 = h.bias_correction ? coef(1.0 / (1.0 - std::pow(h.beta1, t))) : exact_in(1.0);
-  const rb bc2 = h.bias_correction ? coef(std::sqrt(1.0 - std::pow(h.beta2, t))) : exact_in(1.0);
-  const rb den = sqrt_rb(v) / bc2 + coef(h.eps);
-  const rb u = m * bc1 / den + coef(h.weight_decay) * p;
+  const double c2 = h.bias_correction ? std::sqrt(1.0 - std::pow(h.beta2, t)) : 1.0;
+  const rb bc = h.bias_correction ? coef(c2 / (1.0 - std::pow(h.beta1, t))) : exact_in(1.0);
+  const rb u = m * bc / (sqrt_rb(v) + coef(h.eps * c2)) + coef(h.weight_decay) * p;
   return {u, m, v};
 }
 
@@ -130,8 +129,8 @@ rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_
       g = g + coef(h.weight_decay) * p;
     const rb m = a + coef(1.0 - h.beta1) * (g - a);
     const rb v = c * coef(h.beta2) + coef(1.0 - h.beta2) * g * g;
-    const rb den = sqrt_rb(v) / coef(std::sqrt(1.0 - std::pow(h.beta2, t))) + coef(h.eps);
-    p = p + -coef(h.lr / (1.0 - std::pow(h.beta1, t))) * m / den;
+    const double c2 = std::sqrt(1.0 - std::pow(h.beta2, t));
+    p = p + -coef(h.lr * c2 / (1.0 - std::pow(h.beta1, t))) * m / (sqrt_rb(v) + coef(h.eps * c2));
     return {p, m, v};
   }
   case optimizer::stable_adamw: {

@@ -55,7 +55,9 @@ CASES = [
 # strict a ruler. The parameter takes its update, a chain of up to six such operations (the L2
 # term, the state, its square root, + eps, the product with the step size, the quotient), each
 # within an ulp of torch's, so the update within about eight ulps of itself, and the parameter
-# within that (where the update is as large as the parameter) plus its own rounding.
+# within that (where the update is as large as the parameter) plus its own rounding. Adam's
+# bias corrections enter lowbit's step folded into lr and eps (one rounding each, on the host)
+# in place of torch's division of sqrt(v) by sqrt(1 - b2^t): one operation traded for another.
 PARAM_ULPS = 8
 STATE_UNITS = 6
 
