@@ -115,6 +115,49 @@ template <int W> struct work_range {
   }
 };
 
+// The buffers a kernel reads of a tensor, as a mask for prefetch_next.
+enum : unsigned { pf_param = 1, pf_grad = 2, pf_resid = 4, pf_s1 = 8, pf_s2 = 16 };
+
+// A hint that changes no result: one lane of the group asks L2 for the spans of work block wb
+// (the group's next) in the buffers `what` names, while the group computes the present block, so
+// that the next block's loads wait for L2 instead of memory. sm_90's bulk prefetch
+// (cp.async.bulk.prefetch.L2: 16-byte aligned, whole 16-byte units), hence only for full blocks
+// of tensors whose buffers are 16-byte aligned (the vector bit of its form); nothing on earlier
+// GPUs.
+template <int W>
+__device__ __forceinline__ void prefetch_next(const optim_item* items, const std::uint8_t* forms,
+                                              std::int64_t count, std::int64_t j, std::int64_t wb,
+                                              std::int64_t last, std::int64_t block,
+                                              unsigned what) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane_group<W>::rank() != 0 || wb >= last)
+    return;
+  while (j + 1 < count && items[j + 1].block0 <= wb)
+    ++j;
+  const optim_item& it = items[j];
+  const std::int64_t first = (wb - it.block0) * block;
+  if ((forms[j] & 1u) == 0 || first + block > it.n)
+    return;
+  const auto span = [&](const void* base, int esize) {
+    const auto at = __cvta_generic_to_global(static_cast<const char*>(base) + first * esize);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at),
+                 "r"(static_cast<unsigned>(block * esize))
+                 : "memory");
+  };
+  const int pe = it.ptype == param_kind::f32 ? 4 : 2, se = it.eight_bit ? 1 : 4;
+  if ((what & pf_param) != 0)
+    span(it.param, pe);
+  if ((what & pf_grad) != 0)
+    span(it.grad, pe);
+  if ((what & pf_resid) != 0 && it.rbits != 0)
+    span(it.resid, it.rbits / 8);
+  if ((what & pf_s1) != 0)
+    span(it.s1, se);
+  if ((what & pf_s2) != 0)
+    span(it.s2, se);
+#endif
+}
+
 // A call's tensor table as the kernels read it: in the kernels' parameters for calls of up to
 // inline_items tensors (a step per parameter inside the backward pass then uploads and
 // allocates nothing), else in device memory. `eight`: some tensor keeps 8-bit states (the
@@ -452,9 +495,10 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
       load_lane<float>(it.s2, ls, f2);
   }
   float s1[EPT], s2[EPT];
-  // The lane's largest magnitude bits of everything that must be finite (gradient, the stored
-  // parameter, the new states): Inf or NaN among them makes it >= 0x7F800000.
-  std::uint32_t big = 0;
+  // The lane's largest magnitude bits of everything that must be finite: big of the gradient and
+  // the stored parameter, m1 and m2 of the new states (also the lane's part of their absmax):
+  // Inf or NaN among them makes one >= 0x7F800000.
+  std::uint32_t big = 0, m1 = 0, m2 = 0;
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
     float p0;
@@ -498,12 +542,13 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
         stored = param_value<PK>(pb[k]);
       }
       big = max(big, max(bops::abs_bits(g), bops::abs_bits(stored)));
-      big = max(big, max(bops::abs_bits(s1[k]), bops::abs_bits(s2[k])));
+      m1 = max(m1, bops::abs_bits(s1[k]));
+      m2 = max(m2, bops::abs_bits(s2[k]));
     } else {
       s1[k] = s2[k] = 0.0f; // out of range: no part in the absmax
     }
   }
-  bad |= big >= 0x7F800000u;
+  bad |= max(big, max(m1, m2)) >= 0x7F800000u;
   if (grp::any(bad)) {
     if (r == 0 && skipped != nullptr)
       atomicAdd(reinterpret_cast<unsigned long long*>(skipped + j), 1ull);
@@ -514,16 +559,12 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     store_lane<RT>(it.resid, ls, rb);
   store_lane<PB>(it.param, ls, pb);
   // The states.
-  const auto store_state = [&](auto qc, const float(&sv)[EPT]) {
+  const auto store_state = [&](auto qc, const float(&sv)[EPT], std::uint32_t m) {
     constexpr int q = decltype(qc)::value;
     void* dst = q == 0 ? it.s1 : it.s2;
     if constexpr (!E8) {
       store_lane<float>(dst, ls, sv);
     } else {
-      std::uint32_t m = 0;
-#pragma unroll
-      for (int k = 0; k < EPT; ++k)
-        m = max(m, bops::abs_bits(sv[k])); // out-of-range slots hold 0
       const std::uint32_t amax = grp::max_of(m, step_red);
       if (r == 0)
         (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
@@ -542,9 +583,9 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     }
   };
   if (ns > 0)
-    store_state(std::integral_constant<int, 0>{}, s1);
+    store_state(std::integral_constant<int, 0>{}, s1, m1);
   if (ns > 1)
-    store_state(std::integral_constant<int, 1>{}, s2);
+    store_state(std::integral_constant<int, 1>{}, s2, m2);
 }
 
 // A tensor's form as a type: parameter dtype, residual bits (0: none), 8-bit states.
@@ -664,9 +705,13 @@ __global__ void __launch_bounds__(optim_threads)
   if (si.eight)
     load_tables(tabs, step_tb); // synchronizes
   const work_range<W> range = work_range<W>::of(items, count, total);
+  constexpr unsigned reads = K == optimizer::stable_adamw ? pf_grad | pf_s2
+                             : K == optimizer::lars       ? pf_param | pf_grad | pf_resid
+                                                    : pf_param | pf_grad | pf_resid | pf_s1 | pf_s2;
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
+    prefetch_next<W>(items, forms, count, j, wb + 1, range.last, sh.block, reads);
     const optim_item& it = items[j];
     with_form(forms[j] >> 1, [&](auto f) {
       block_prepass<W, K, decltype(f)>(sh, it, (forms[j] & 1u) != 0, wb - it.block0, wb, partial,
@@ -695,9 +740,14 @@ __global__ void __launch_bounds__(optim_threads, 3)
       static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[1])) - bops::bucket_bias};
   const step_shared ss{{bases[T0], bases[T1]}};
   const work_range<W> range = work_range<W>::of(items, count, total);
+  constexpr int NS = fixed_states(K);
+  const int ns = NS >= 0 ? NS : sh.states;
+  const unsigned reads =
+      pf_param | pf_grad | pf_resid | (ns > 0 ? pf_s1 : 0u) | (ns > 1 ? pf_s2 : 0u);
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
+    prefetch_next<W>(items, forms, count, j, wb + 1, range.last, sh.block, reads);
     const optim_item& it = items[j];
     const std::int64_t b = wb - it.block0;
     float eta = sh.eta0, decay = sh.decay0;
