@@ -125,15 +125,14 @@ enum : unsigned { pf_param = 1, pf_grad = 2, pf_resid = 4, pf_s1 = 8, pf_s2 = 16
 // of tensors whose buffers are 16-byte aligned (the vector bit of its form); nothing on earlier
 // GPUs.
 template <int W>
-__device__ __forceinline__ void prefetch_next(const optim_item* items, const std::uint8_t* forms,
-                                              std::int64_t count, std::int64_t j, std::int64_t wb,
-                                              std::int64_t last, std::int64_t block,
+__device__ __forceinline__ void prefetch_next(const work_range<W>& range, const optim_item* items,
+                                              const std::uint8_t* forms, std::int64_t count,
+                                              std::int64_t j, std::int64_t wb, std::int64_t block,
                                               unsigned what) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane_group<W>::rank() != 0 || wb >= last)
+  if (lane_group<W>::rank() != 0 || wb >= range.last)
     return;
-  while (j + 1 < count && items[j + 1].block0 <= wb)
-    ++j;
+  j = range.advance(items, count, j, wb);
   const optim_item& it = items[j];
   const std::int64_t first = (wb - it.block0) * block;
   if ((forms[j] & 1u) == 0 || first + block > it.n)
@@ -711,7 +710,7 @@ __global__ void __launch_bounds__(optim_threads)
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
-    prefetch_next<W>(items, forms, count, j, wb + 1, range.last, sh.block, reads);
+    prefetch_next<W>(range, items, forms, count, j, wb + 1, sh.block, reads);
     const optim_item& it = items[j];
     with_form(forms[j] >> 1, [&](auto f) {
       block_prepass<W, K, decltype(f)>(sh, it, (forms[j] & 1u) != 0, wb - it.block0, wb, partial,
@@ -747,7 +746,7 @@ __global__ void __launch_bounds__(optim_threads, 3)
   std::int64_t j = range.j;
   for (std::int64_t wb = range.first; wb < range.last; ++wb) {
     j = range.advance(items, count, j, wb);
-    prefetch_next<W>(items, forms, count, j, wb + 1, range.last, sh.block, reads);
+    prefetch_next<W>(range, items, forms, count, j, wb + 1, sh.block, reads);
     const optim_item& it = items[j];
     const std::int64_t b = wb - it.block0;
     float eta = sh.eta0, decay = sh.decay0;
