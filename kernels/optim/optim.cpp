@@ -34,6 +34,7 @@ int optimizer_states(optimizer o, const optim_hparams& h) {
   case optimizer::lamb: return 2;
   case optimizer::sgd:
   case optimizer::lars: return h.momentum != 0.0 ? 1 : 0;
+  case optimizer::rmsprop: return h.momentum != 0.0 || h.centered ? 2 : 1;
   default: return 1;
   }
 }
@@ -72,7 +73,13 @@ void check_hparams(optimizer o, const optim_hparams& h) {
     in(h.beta1, 0.0, 1.0, true, "beta1");
     in(h.beta2, 0.0, 1.0, true, "beta2");
     break;
-  case optimizer::rmsprop: in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)"); break;
+  case optimizer::rmsprop:
+    in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)");
+    in(h.momentum, 0.0, 1.0, true, "momentum");
+    require(h.momentum == 0.0 || !h.centered, errc::invalid_argument,
+            name + "momentum and centered together need three states; one of them at a time "
+                   "is implemented");
+    break;
   case optimizer::sgd:
   case optimizer::lars:
     in(h.momentum, 0.0, 1.0, true, "momentum");
@@ -147,6 +154,8 @@ optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
   case optimizer::rmsprop:
     c.lr = f(h.lr);
     c.wd = f(h.weight_decay);
+    c.beta1 = f(h.momentum);
+    c.centered = h.centered;
     c.beta2 = f(h.beta2);
     c.one_m_b2 = f(1.0 - h.beta2);
     break;

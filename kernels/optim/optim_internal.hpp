@@ -82,7 +82,8 @@ namespace bops = blockwise_ops;
 
 // optimizer_state_signed, for device code too.
 LOWBIT_HD LOWBIT_INLINE constexpr bool state_signed(optimizer o, int k) {
-  return o == optimizer::rmsprop || o == optimizer::adagrad ? false : k == 0;
+  // rmsprop: the square average (state 0) and the momentum buffer or the gradient's average.
+  return o == optimizer::adagrad ? false : (o == optimizer::rmsprop ? k == 1 : k == 0);
 }
 
 LOWBIT_HD LOWBIT_INLINE float load_param(param_kind t, const void* p, std::int64_t i) {
@@ -196,7 +197,7 @@ LOWBIT_HD LOWBIT_INLINE optim_ops::result update(optimizer kind, const optim_sha
   case optimizer::stable_adamw: return optim_ops::stable_adamw(sh.c, eta, decay, p, g, s1, s2);
   case optimizer::sgd: return optim_ops::sgd(sh.c, sh.states > 0, p, g, s1);
   case optimizer::lion: return optim_ops::lion(sh.c, p, g, s1);
-  case optimizer::rmsprop: return optim_ops::rmsprop(sh.c, p, g, s1);
+  case optimizer::rmsprop: return optim_ops::rmsprop(sh.c, sh.states > 1, p, g, s1, s2);
   case optimizer::lamb: return optim_ops::lamb(sh.c, eta, p, g, s1, s2);
   case optimizer::lars: return optim_ops::lars(sh.c, sh.states > 0, eta, p, g, s1);
   default: return optim_ops::adagrad(sh.c, p, g, s1);

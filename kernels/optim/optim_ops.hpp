@@ -25,7 +25,8 @@ struct coeffs {
   float decay = 1.0f;    // decoupled weight decay factor 1 - lr wd (adamw, lion)
   float wd = 0.0f;       // L2 weight decay added to the gradient (adam, sgd, rmsprop, adagrad,
                          // lars) or to the update direction (lamb)
-  float beta1 = 0.0f;    // adam, lion, lamb: beta1; stable: debiased beta1-hat; sgd, lars: momentum
+  float beta1 = 0.0f;    // adam, lion, lamb: beta1; stable: debiased beta1-hat; sgd, lars,
+                         // rmsprop: momentum
   float one_m_b1 = 0.0f; // 1 - beta1 (adam family, lion, lamb); sgd, lars: 1 - dampening
   float beta2 = 0.0f;    // adam, rmsprop (alpha), lamb; stable: beta2-hat; lion: beta2
   float one_m_b2 = 0.0f; // 1 - beta2
@@ -35,6 +36,7 @@ struct coeffs {
   float eps2 = 0.0f;     // stable_adamw: eps^2, the floor of v in the RMS term
   bool first = false;    // sgd, lars: the first step copies the gradient into the momentum
   bool nesterov = false; // sgd, lars
+  bool centered = false; // rmsprop: the second state is the gradient's average, not a momentum
   bool maximize = false; // every optimizer: ascend instead of descend
 };
 
@@ -130,15 +132,36 @@ LOWBIT_HD LOWBIT_INLINE result lion(const coeffs& c, float p, float g, float m) 
   return {p, m, 0.0f};
 }
 
-// RMSprop (torch, not centered, no momentum): g += wd p; v = v alpha + (1 - alpha) g g;
-// p -= lr g / (sqrt(v) + eps).
-LOWBIT_HD LOWBIT_INLINE result rmsprop(const coeffs& c, float p, float g, float v) {
+// RMSprop (torch): g += wd p; v = v alpha + (1 - alpha) g g; the denominator d = sqrt(v) + eps,
+// or centered (the second state s the gradient's average, s.lerp_(g, 1 - alpha)) d = sqrt(max(v -
+// s s, 0)) + eps; with momentum (the second state the buffer) buf = buf mom + g / d and p -= lr
+// buf, else p -= lr g / d. The clamp at 0 departs from torch only where torch's sqrt would see a
+// negative variance (rounding, or two 8-bit states quantized apart) and return NaN. One second
+// state at most: momentum and centered together are refused (optim.cpp).
+LOWBIT_HD LOWBIT_INLINE result rmsprop(const coeffs& c, bool second, float p, float g, float v,
+                                       float s) {
   if (c.maximize)
     g = -g;
   g = g + c.wd * p;
   v = v * c.beta2 + c.one_m_b2 * g * g;
-  p = p + -c.lr * g / (sqrt_rn(v) + c.eps);
-  return {p, v, 0.0f};
+  if (!second) {
+    p = p + -c.lr * g / (sqrt_rn(v) + c.eps);
+    return {p, v, 0.0f};
+  }
+  float var = v;
+  if (c.centered) {
+    s = lerp(s, g, c.one_m_b2);
+    var = v - s * s;
+    var = var > 0.0f ? var : 0.0f;
+  }
+  const float d = sqrt_rn(var) + c.eps;
+  if (c.centered) {
+    p = p + -c.lr * g / d;
+    return {p, v, s};
+  }
+  s = s * c.beta1 + g / d;
+  p = p + -c.lr * s;
+  return {p, v, s};
 }
 
 // Adagrad (torch): g += wd p; s += g g; p -= clr g / (sqrt(s) + eps).

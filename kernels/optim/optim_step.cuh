@@ -427,7 +427,8 @@ constexpr int fixed_states(optimizer k) {
   case optimizer::stable_adamw:
   case optimizer::lamb: return 2;
   case optimizer::sgd:
-  case optimizer::lars: return -1;
+  case optimizer::lars:
+  case optimizer::rmsprop: return -1;
   default: return 1;
   }
 }

@@ -140,6 +140,11 @@ void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
     h.momentum = r() % 3 == 0 ? 0.0 : 0.9;
     h.nesterov = h.momentum > 0 && r() % 2;
   }
+  if (o == optimizer::rmsprop) { // plain, with momentum, or centered
+    const auto mode = r() % 3;
+    h.momentum = mode == 1 ? 0.9 : 0.0;
+    h.centered = mode == 2;
+  }
   if (o == optimizer::lamb || o == optimizer::lars) {
     h.max_trust_ratio = r() % 2 ? std::numeric_limits<double>::infinity() : 0.5;
     h.trust_coefficient = r() % 2 ? 1e-3 : 0.5;

@@ -164,8 +164,23 @@ rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_
   case optimizer::rmsprop: {
     g = g + coef(h.weight_decay) * p;
     const rb v = a * coef(h.beta2) + coef(1.0 - h.beta2) * g * g;
-    p = p + -coef(h.lr) * g / (sqrt_rb(v) + coef(h.eps));
-    return {p, v, {}};
+    if (h.momentum == 0.0 && !h.centered) {
+      p = p + -coef(h.lr) * g / (sqrt_rb(v) + coef(h.eps));
+      return {p, v, {}};
+    }
+    rb var = v, s = c;
+    if (h.centered) {
+      s = c + coef(1.0 - h.beta2) * (g - c);
+      var = max_rb(v - s * s, exact_in(0.0));
+    }
+    const rb d = sqrt_rb(var) + coef(h.eps);
+    if (h.centered) {
+      p = p + -coef(h.lr) * g / d;
+      return {p, v, s};
+    }
+    s = s * coef(h.momentum) + g / d;
+    p = p + -coef(h.lr) * s;
+    return {p, v, s};
   }
   case optimizer::adagrad: {
     g = g + coef(h.weight_decay) * p;
@@ -208,6 +223,7 @@ reference::optim_settings settings_of(const kernels::optim_hparams& h) {
   s.momentum = h.momentum;
   s.dampening = h.dampening;
   s.nesterov = h.nesterov;
+  s.centered = h.centered;
   s.lr_decay = h.lr_decay;
   s.maximize = h.maximize;
   s.step = h.step;
@@ -330,6 +346,11 @@ kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r) {
   }
   if (o == optimizer::adagrad)
     h.lr_decay = pick({0.0, 0.01});
+  if (o == optimizer::rmsprop) { // plain, with momentum, or centered
+    const int mode = static_cast<int>(r() % 3);
+    h.momentum = mode == 1 ? pick({0.9, 0.5}) : 0.0;
+    h.centered = mode == 2;
+  }
   if (o == optimizer::lars) {
     h.momentum = pick({0.0, 0.9, 0.5});
     h.dampening = h.momentum > 0 && r() % 2 ? 0.1 : 0.0;
@@ -361,7 +382,8 @@ std::string describe_case(optimizer o, const kernels::optim_hparams& h, std::int
          " lr=" + std::to_string(h.lr) + " b1=" + std::to_string(h.beta1) +
          " b2=" + std::to_string(h.beta2) + " eps=" + std::to_string(h.eps) +
          " wd=" + std::to_string(h.weight_decay) + " step=" + std::to_string(h.step) +
-         " mom=" + std::to_string(h.momentum) + " max_tr=" + std::to_string(h.max_trust_ratio) +
+         " mom=" + std::to_string(h.momentum) + (h.centered ? " centered" : "") +
+         " max_tr=" + std::to_string(h.max_trust_ratio) +
          " tc=" + std::to_string(h.trust_coefficient) + (h.adapt ? "" : " no-adapt") +
          (h.bias_correction ? "" : " no-bias-correction") + (h.maximize ? " maximize" : "");
 }
@@ -462,7 +484,8 @@ void check_against_reference(optimizer o, std::uint64_t seed, bool residual = fa
   const std::int64_t sizes[] = {0, 1, 3, 255, 256, 257, 1000, 2048, 2049, 5000};
   const std::int64_t n = sizes[r() % std::size(sizes)];
   const int ns = kernels::optimizer_states(o, h);
-  const bool two_unsigned = true, one_unsigned = !kernels::optimizer_state_signed(o, 0);
+  const bool two_unsigned = !kernels::optimizer_state_signed(o, 1),
+             one_unsigned = !kernels::optimizer_state_signed(o, 0);
   host_tensor x = make_tensor(r, n, eight, ns, block, two_unsigned, one_unsigned);
   std::vector<std::int16_t> r16;
   if (residual) {

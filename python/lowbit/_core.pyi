@@ -348,6 +348,7 @@ def optimizer_step(
     trust_coefficient: float = ...,
     adapt: bool = ...,
     bias_correction: bool = ...,
+    centered: bool = ...,
 ) -> None: ...
 
 def optimizer_step_raw(
@@ -377,6 +378,7 @@ def optimizer_step_raw(
     trust_coefficient: float = ...,
     adapt: bool = ...,
     bias_correction: bool = ...,
+    centered: bool = ...,
 ) -> None: ...
 
 

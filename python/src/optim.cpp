@@ -76,10 +76,11 @@ void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, t
   }
 }
 
-// LAMB's and LARS' trust-ratio settings (keyword arguments of both entries below).
+// LAMB's and LARS' trust-ratio settings and RMSprop's centered flag (keyword arguments of both
+// entries below).
 struct trust_args {
   double max_trust_ratio, trust_coefficient;
-  bool adapt, bias_correction;
+  bool adapt, bias_correction, centered;
 };
 
 // The hyper-parameters and the configuration of one step, as both entries below take them.
@@ -102,6 +103,7 @@ k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, d
   h.trust_coefficient = tr.trust_coefficient;
   h.adapt = tr.adapt;
   h.bias_correction = tr.bias_correction;
+  h.centered = tr.centered;
   return h;
 }
 
@@ -121,11 +123,12 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
                           bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
                           const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
                           std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
-                          double trust_coefficient, bool adapt, bool bias_correction) {
+                          double trust_coefficient, bool adapt, bool bias_correction,
+                          bool centered) {
   const k::optimizer o = parse_optimizer(optimizer);
-  const k::optim_hparams h =
-      hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay,
-                 maximize, step, {max_trust_ratio, trust_coefficient, adapt, bias_correction});
+  const k::optim_hparams h = hparams_of(
+      lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay, maximize, step,
+      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   std::vector<taken> held(tensors.size());
@@ -165,11 +168,12 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
                               std::int64_t step, std::uintptr_t skipped, std::int64_t block,
                               const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
                               std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
-                              double trust_coefficient, bool adapt, bool bias_correction) {
+                              double trust_coefficient, bool adapt, bool bias_correction,
+                              bool centered) {
   const k::optimizer o = parse_optimizer(optimizer);
-  const k::optim_hparams h =
-      hparams_of(lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay,
-                 maximize, step, {max_trust_ratio, trust_coefficient, adapt, bias_correction});
+  const k::optim_hparams h = hparams_of(
+      lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay, maximize, step,
+      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   cfg.check_device_memory = false;
   const k::exec ex = exec_of(threads, stream);
@@ -269,7 +273,7 @@ void bind_optim(py::module_& m) {
         py::arg("offset"), py::arg("threads"), py::arg("stream"),
         py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
         py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
-        py::arg("bias_correction") = true,
+        py::arg("bias_correction") = true, py::arg("centered") = false,
         "optimizer_step over raw data pointers of contiguous tensors the caller owns (the torch "
         "layer's fast path; no DLPack exchange, no device-memory query).");
   m.def("optimizer_step", &optimizer_step, py::arg("optimizer"), py::arg("tensors"), py::arg("lr"),
@@ -279,7 +283,7 @@ void bind_optim(py::module_& m) {
         py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("threads"),
         py::arg("stream"), py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
         py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
-        py::arg("bias_correction") = true,
+        py::arg("bias_correction") = true, py::arg("centered") = false,
         "One fused optimizer step over tensors, a list of (param, grad, state1, state2, absmax1, "
         "absmax2) with None for the states not kept, updated in place "
         "(kernels/include/lowbit/kernels/optim.hpp).");

@@ -35,6 +35,10 @@ CASES = [
     (lo.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True), ["momentum_buffer"]),
     (lo.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.5, dampening=0.3), ["momentum_buffer"]),
     (lo.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, weight_decay=0.01), ["square_avg"]),
+    (lo.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, momentum=0.9, weight_decay=0.01),
+     ["square_avg", "momentum_buffer"]),
+    (lo.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, centered=True),
+     ["square_avg", "grad_avg"]),
     (lo.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
      ["sum"]),
 ]
@@ -51,7 +55,8 @@ CASES = [
 # an ulp of its operands; a state takes at most four roundings, so each side is within about
 # 3 u of the exact state's magnitude (the L2 term's rounding enters G^2 twice), and the two within
 # 6 u of each other (u = 2^-24); where the operands cancel
-# (g against wd p, an update against the old value) the result's own ulp would be far too
+# (g against wd p, RMSprop's momentum buffer against its new term g / d, an update against the
+# old value) the result's own ulp would be far too
 # strict a ruler. The parameter takes its update, a chain of up to six such operations (the L2
 # term, the state, its square root, + eps, the product with the step size, the quotient), each
 # within an ulp of torch's, so the update within about eight ulps of itself, and the parameter
@@ -76,18 +81,25 @@ def _judge(ours, torchs, old, cancel=None):
     return float(((ours - torchs).abs() / _ulp_of(scale)).max())
 
 
-def _magnitude(name, kw, old, p, g, step):
+def _magnitude(name, kw, old, p, g, step, olds):
     p, g, old = p.double().abs(), g.double().abs(), old.double().abs()
     big = g + kw.get("weight_decay", 0.0) * p if name != "adamw" else g
     b1, b2 = kw.get("betas", (0.9, 0.999))
+    alpha = kw.get("alpha", 0.99)
     if name == "exp_avg":
         return b1 * old + (1 - b1) * big
     if name == "exp_avg_sq":
         return b2 * old + (1 - b2) * big * big
+    if name == "momentum_buffer" and "square_avg" in olds:
+        # RMSprop's: mom buf + G / (sqrt(v) + eps), with the new square average v.
+        v = _magnitude("square_avg", kw, olds["square_avg"], p, g, step, olds)
+        return kw["momentum"] * old + big / (v.sqrt() + kw.get("eps", 1e-8))
     if name == "momentum_buffer":
         return big if step == 1 else kw["momentum"] * old + (1 - kw.get("dampening", 0.0)) * big
     if name == "square_avg":
-        return kw.get("alpha", 0.99) * old + (1 - kw.get("alpha", 0.99)) * big * big
+        return alpha * old + (1 - alpha) * big * big
+    if name == "grad_avg":
+        return alpha * old + (1 - alpha) * big
     return old + big * big  # adagrad's sum
 
 
@@ -113,9 +125,16 @@ def test_32bit_variants_stay_within_a_few_ulps_of_torch_per_step(case):
         wd = wkw.get("weight_decay", 0.0)
         g1 = (grad.double() + wd * old.double()).abs()
         cancel = ((grad.double().abs() + wd * old.double().abs()) / g1.clamp_min(1e-300)).float()
+        if lcls is lo.RMSprop and "momentum_buffer" in names:
+            # The step is lr buf, and buf = mom buf + g / d may cancel too: it carries the error
+            # of its operands' magnitude.
+            mag = _magnitude("momentum_buffer", wkw, olds["momentum_buffer"], old, grad, step,
+                             olds)
+            buf = ot.state[pt]["momentum_buffer"].double().abs()
+            cancel = cancel * (mag / buf.clamp_min(1e-300)).float()
         worst_p = max(worst_p, _judge(pl.detach(), pt.detach(), old, cancel))
         for n in names:
-            mag = _magnitude(n, wkw, olds[n], old, grad, step)
+            mag = _magnitude(n, wkw, olds[n], old, grad, step, olds)
             d = (ol.state[pl][n].double() - ot.state[pt][n].double()).abs()
             worst_s = max(worst_s, float((d / (mag * 2.0 ** -24 + 2.0 ** -149)).max()))
         # Both continue from torch's values: every step is judged on its own.
@@ -367,6 +386,8 @@ TRAJECTORIES = [
     (lo.SGD, dict(lr=0.05, momentum=0.9)),
     (lo.Lion, dict(lr=3e-4, weight_decay=0.1)),
     (lo.RMSprop, dict(lr=1e-3)),
+    (lo.RMSprop, dict(lr=1e-3, momentum=0.9)),
+    (lo.RMSprop, dict(lr=1e-3, centered=True)),
     (lo.Adagrad, dict(lr=0.05)),
     (lo.LAMB, dict(lr=1e-2)),
     (lo.LARS, dict(lr=1.0, trust_coefficient=0.01)),
@@ -399,6 +420,7 @@ def test_8bit_trajectory_follows_32bit(cls, kw):
     (lo.AdamW8bit, dict(percentile_clipping=5)), (lo.Lion, dict(percentile_clipping=50)),
     (lo.LAMB8bit, {}), (lo.LAMB8bit, dict(max_trust_ratio=2.0, bias_correction=False)),
     (lo.LARS8bit, dict(trust_coefficient=0.02)), (lo.LARS, dict(nesterov=True)),
+    (lo.RMSprop8bit, dict(momentum=0.9)), (lo.RMSprop8bit, dict(centered=True)),
 ])
 def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
     kw = dict(kw, lr=1e-3, min_8bit_size=256)
@@ -540,6 +562,15 @@ def test_half_precision_parameters_and_argument_errors():
         lo.AdamW([torch.nn.Parameter(torch.ones(3))], block_size=512)
     with pytest.raises(ValueError, match="beta"):
         lo.AdamW([torch.nn.Parameter(torch.ones(3))], betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match="three states"):
+        lo.RMSprop([torch.nn.Parameter(torch.ones(3))], momentum=0.9, centered=True)
+    # A param group may set them too: the step refuses the pair as well.
+    q = torch.nn.Parameter(torch.ones(3))
+    q.grad = torch.ones(3)
+    opt = lo.RMSprop([q], momentum=0.9)
+    opt.param_groups[0]["centered"] = True
+    with pytest.raises(ValueError, match="three states"):
+        opt.step()
     p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     p.grad = torch.ones(3, dtype=torch.float64)
     with pytest.raises(TypeError, match="float64"):
@@ -640,7 +671,8 @@ def test_percentile_clipping_leaves_p_grad_alone_and_rejects_bad_values():
 @pytest.mark.parametrize("cls,kw", [(lo.AdamW8bit, {}), (lo.StableAdamW8bit, {}),
                                     (lo.SGD8bit, dict(momentum=0.9)), (lo.Lion8bit, {}),
                                     (lo.AdamW, {}), (lo.LAMB8bit, {}), (lo.LAMB, {}),
-                                    (lo.LARS8bit, {})])
+                                    (lo.LARS8bit, {}), (lo.RMSprop8bit, dict(momentum=0.9)),
+                                    (lo.RMSprop8bit, dict(centered=True))])
 def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
     cpu = _mlp(5)
     gpu = copy.deepcopy(cpu).cuda()

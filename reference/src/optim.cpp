@@ -25,7 +25,8 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
   if (x.g.size() != n)
     throw std::invalid_argument("optimizer_step_exact: g and p differ in size");
   const bool two = rule == optim_rule::adam || rule == optim_rule::adamw ||
-                   rule == optim_rule::stable_adamw || rule == optim_rule::lamb;
+                   rule == optim_rule::stable_adamw || rule == optim_rule::lamb ||
+                   (rule == optim_rule::rmsprop && (h.momentum != 0.0 || h.centered));
   const bool one =
       !two && !((rule == optim_rule::sgd || rule == optim_rule::lars) && h.momentum == 0.0);
   if ((one || two) && x.s1.size() != n)
@@ -138,8 +139,23 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
     case optim_rule::rmsprop: {
       g = g + wd * p;
       const hp v = b2 * hp(x.s1[i]) + (1 - b2) * g * g;
-      p = p - lr * g / (sqrt(v) + eps);
       r.s1[i] = static_cast<double>(v);
+      hp var = v;
+      if (h.centered) {
+        const hp s = b2 * hp(x.s2[i]) + (1 - b2) * g;
+        var = v - s * s;
+        if (var < 0)
+          var = 0;
+        r.s2[i] = static_cast<double>(s);
+      }
+      const hp d = sqrt(var) + eps;
+      if (h.momentum != 0.0 && !h.centered) {
+        const hp buf = hp(h.momentum) * hp(x.s2[i]) + g / d;
+        r.s2[i] = static_cast<double>(buf);
+        p = p - lr * buf;
+      } else {
+        p = p - lr * g / d;
+      }
       break;
     }
     case optim_rule::adagrad: {

@@ -43,7 +43,8 @@ _HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_TRUST_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction")
+# Keyword arguments of the entry: LAMB's and LARS' trust-ratio settings, RMSprop's centered.
+_TRUST_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction", "centered")
 # master_weights: the residual's bits and storage dtype.
 _MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
 _RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
@@ -168,7 +169,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
     of each) and map their hyper-parameters onto the kernel's."""
 
     _kernel: str = ""
-    _states: tuple[tuple[str, bool], ...] = ()  # (name, signed map)
+    # (name, signed map) of every state the optimizer may keep; _group_states says which a
+    # param group keeps, in the kernel's order (state1, state2).
+    _states: tuple[tuple[str, bool], ...] = ()
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, bits: int,
                  block_size: int, min_8bit_size: int, stochastic_rounding: bool,
@@ -229,8 +232,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def _hparams(self, group: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _n_states(self, group: dict[str, Any]) -> int:
-        return len(self._states)
+    def _group_states(self, group: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+        return self._states
 
     def _initial_value(self, group: dict[str, Any], name: str) -> float:
         return 0.0
@@ -260,7 +263,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if eight:
             _dist.check_placements(p, type(self).__name__)
         lp = _dist.local(p)  # the rank's shard of a DTensor parameter (FSDP2), else p
-        for name, signed in self._states[: self._n_states(group)]:
+        for name, signed in self._group_states(group):
             init = self._initial_value(group, name)
             if eight:
                 _, zero = _codebook(signed)
@@ -329,13 +332,13 @@ class LowbitOptimizer(torch.optim.Optimizer):
         return loss
 
     def _plan(self, p: torch.Tensor, param: torch.Tensor, st: dict[str, Any],
-              ns: int) -> tuple[Any, ...]:
+              specs: tuple[tuple[str, bool], ...]) -> tuple[Any, ...]:
         """What a step needs of parameter p (param: its local tensor) besides the gradient,
         checked once and cached while param's storage (address, dtype, size) and p's state tensors
         stay the same:
         (numel, dtype code, state pointers, 8-bit, residual pointer, residual bits, the objects
         the pointers point into)."""
-        objs = tuple(st[name] for name, _ in self._states[:ns]) + (st.get("residual"),)
+        objs = tuple(st[name] for name, _ in specs) + (st.get("residual"),)
         # The storage as the kernel sees it: a tensor put in p.data later may reuse the address.
         key = (param.data_ptr(), param.dtype, param.numel())
         cached = self._fields.get(p)
@@ -346,7 +349,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if code is None:
             raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
                             "supported; expected float32, bfloat16 or float16")
-        ptrs, eight = self._state_fields(param, st, self._states[:ns])
+        ptrs, eight = self._state_fields(param, st, specs)
         rptr, rbits = self._residual_field(p, st)
         plan = (param.numel(), code, tuple(ptrs), eight, rptr, rbits, objs)
         self._fields[p] = (key, objs, plan)
@@ -356,7 +359,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                     params: Optional[Iterable[torch.Tensor]] = None) -> None:
         """Steps the group's parameters that have a gradient (``params``: only these)."""
         _check_master(group.get("master_weights"))
-        ns = self._n_states(group)
+        specs = self._group_states(group)
         q = group.get("percentile_clipping", 100)
         if q != 100:
             _check_percentile(q)
@@ -378,7 +381,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 st = self._init_state(p, group)
             step = st["step"] = int(st["step"]) + 1
             param = _dist.local(p)  # a DTensor's (FSDP2's) local shard, else p itself
-            n, code, ptrs, eight, rptr, rbits, objs = self._plan(p, param, st, ns)
+            n, code, ptrs, eight, rptr, rbits, objs = self._plan(p, param, st, specs)
             if n == 0:  # an empty shard: nothing to update
                 empty += 1
                 continue
@@ -403,7 +406,6 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if buckets:
             hp = self._hparams(group)
             rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
-            # LAMB's and LARS' trust-ratio settings, keyword arguments of the entry.
             trust = {k: hp[k] for k in _TRUST_ARGS if k in hp}
             coeffs = (hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
                       hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
@@ -574,7 +576,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         eight = self._bits_for(p, group) == 8
         lp = _dist.local(p)  # a DTensor's local shard; saved DTensor states hold the same rows
         bs = self.block_size
-        for name, signed in self._states[: self._n_states(group)]:
+        for name, signed in self._group_states(group):
             if name not in saved:
                 raise KeyError(f"load_state_dict: the state of a parameter has no '{name}'")
             if _dist.is_dtensor(p) != _dist.is_dtensor(saved[name]):

@@ -113,8 +113,8 @@ class SGD(LowbitOptimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize), **cfg)
 
-    def _n_states(self, g: dict[str, Any]) -> int:
-        return 1 if g["momentum"] != 0 else 0
+    def _group_states(self, g: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+        return self._states if g["momentum"] != 0 else ()
 
     def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
         return dict(lr=float(g["lr"]), momentum=g["momentum"], dampening=g["dampening"],
@@ -144,26 +144,45 @@ class Lion(LowbitOptimizer):
 
 
 class RMSprop(LowbitOptimizer):
-    """torch.optim.RMSprop without momentum and not centered, with a 32- or 8-bit square
-    average."""
+    """torch.optim.RMSprop (L2 weight decay; momentum or centered) with 32- or 8-bit states:
+    the square average, and the momentum buffer (momentum > 0) or the gradient's average
+    (centered). Momentum and centered together would need a third state and are refused. The
+    centered variance v - s^2 is clamped at 0 before its square root (torch's would be NaN
+    where rounding or 8-bit states make it negative)."""
 
     _kernel = "rmsprop"
-    _states = (("square_avg", False),)
+    _states = (("square_avg", False), ("momentum_buffer", True), ("grad_avg", True))
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-2, alpha: float = 0.99,
                  eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.0,
                  centered: bool = False, *, maximize: bool = False, **kw: Any) -> None:
         _lr(lr)
         _check("alpha value", alpha, 0.0, 1.0)
-        if momentum != 0.0 or centered:
-            raise ValueError("lowbit RMSprop: momentum and centered are not implemented")
+        _check("momentum value", momentum, 0.0, 1.0)
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
+        _rmsprop_mode(momentum, centered)
         cfg = dict(_common, **kw)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
+                                      momentum=momentum, centered=bool(centered),
                                       maximize=maximize), **cfg)
+
+    def _group_states(self, g: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+        second = _rmsprop_mode(g.get("momentum", 0.0), g.get("centered", False))
+        return self._states[:1] + tuple(s for s in self._states if s[0] == second)
 
     def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
         return dict(lr=float(g["lr"]), beta2=g["alpha"], eps=g["eps"],
-                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+                    weight_decay=g["weight_decay"], momentum=g.get("momentum", 0.0),
+                    centered=bool(g.get("centered", False)), maximize=g["maximize"])
+
+
+def _rmsprop_mode(momentum: float, centered: bool) -> str:
+    """RMSprop's second state: "momentum_buffer", "grad_avg" or "" (none)."""
+    if momentum != 0.0 and centered:
+        raise ValueError("lowbit RMSprop: momentum and centered together need three states; "
+                         "use one of them")
+    return "momentum_buffer" if momentum != 0.0 else ("grad_avg" if centered else "")
 
 
 class Adagrad(LowbitOptimizer):
@@ -276,8 +295,8 @@ class LARS(LowbitOptimizer):
                                       max_trust_ratio=max_trust_ratio,
                                       always_adapt=bool(always_adapt), maximize=maximize), **cfg)
 
-    def _n_states(self, g: dict[str, Any]) -> int:
-        return 1 if g["momentum"] != 0 else 0
+    def _group_states(self, g: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+        return self._states if g["momentum"] != 0 else ()
 
     def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
         return dict(lr=float(g["lr"]), momentum=g["momentum"], dampening=g["dampening"],

@@ -40,9 +40,10 @@ struct optim_hparams {
   double eps = 1e-8;
   double weight_decay = 0.0; // decoupled for adamw, stable_adamw, lion; in lamb's update and
                              // lars' gradient (scaled by the trust ratio); L2 for the others
-  double momentum = 0.0;     // sgd, lars
+  double momentum = 0.0;     // sgd, lars, rmsprop
   double dampening = 0.0;    // sgd, lars
   bool nesterov = false;     // sgd, lars
+  bool centered = false;     // rmsprop (not together with momentum)
   double lr_decay = 0.0;     // adagrad
   // lamb, lars: the trust ratio's upper clamp (infinity: none), lars' trust coefficient, whether
   // the trust ratio is applied at all (false: 1, a plain AdamW-like / SGD step) and lamb's bias
@@ -55,11 +56,12 @@ struct optim_hparams {
   std::int64_t step = 1;
 };
 
-// The number of state tensors an optimizer keeps: 2 for the adam family and lamb, 1 for lion,
-// rmsprop, adagrad and sgd or lars with momentum, 0 for plain sgd or lars.
+// The number of state tensors an optimizer keeps: 2 for the adam family, lamb and rmsprop with
+// momentum or centered, 1 for lion, plain rmsprop, adagrad and sgd or lars with momentum, 0 for
+// plain sgd or lars.
 int optimizer_states(optimizer o, const optim_hparams& h);
-// Whether state k (0 or 1) is quantized with the signed dynamic map (first moments, momentum) or
-// the unsigned one (second moments, sums of squares).
+// Whether state k (0 or 1) is quantized with the signed dynamic map (first moments, momentum,
+// rmsprop's state 1) or the unsigned one (second moments, sums of squares: rmsprop's state 0).
 bool optimizer_state_signed(optimizer o, int k);
 
 // One parameter tensor of a step. param: float32, bfloat16 or float16, contiguous; grad: the

@@ -20,6 +20,7 @@ struct optim_settings {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
+  bool centered = false; // rmsprop
   double lr_decay = 0.0;
   bool maximize = false;
   std::int64_t step = 1;
@@ -54,7 +55,9 @@ struct optim_exact {
 //   sgd:   g += wd p; buf = g (t = 1) or mom buf + (1-damp) g; g = g + mom buf (nesterov) or buf;
 //          p -= lr g (no state without momentum)
 //   lion:  p *= 1 - lr wd; p -= lr sign(b1 m + (1-b1) g); m = b2 m + (1-b2) g
-//   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2); p -= lr g / (sqrt(v) + eps)
+//   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2); d = sqrt(v) + eps, or centered
+//          (s1 v, s2 the gradient's average s = a s + (1-a) g) d = sqrt(max(v - s^2, 0)) + eps;
+//          with momentum (s2 the buffer) buf = mom buf + g / d, p -= lr buf, else p -= lr g / d
 //   adagrad: g += wd p; s += g^2; p -= lr/(1 + (t-1) lr_decay) g / (sqrt(s) + eps)
 //   lamb:  m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = (m/c1) / (sqrt(v/c2) + eps) + wd p
 //          (c1 = 1-b1^t, c2 = 1-b2^t with bias correction, else 1); r = ||p|| / ||u|| (1 where
