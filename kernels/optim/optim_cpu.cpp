@@ -54,7 +54,7 @@ void prepass_partial(const optim_problem& p, const optim_item& it, std::int64_t 
   const float* v1 = p.tb_unsigned.value;
   const int lanes = optim_lanes(block);
   float lane0[optim_threads], lane1[optim_threads];
-  bool bad = false;
+  std::uint32_t big = 0;
   const std::int64_t end = std::min(it.n, i0 + block);
   for (int t = 0; t < lanes; ++t) {
     float s0 = 0.0f, s1 = 0.0f;
@@ -65,7 +65,7 @@ void prepass_partial(const optim_problem& p, const optim_item& it, std::int64_t 
       if (i >= end)
         continue;
       const d::prepass_terms e = d::prepass_element(p.sh, it, v0, v1, i, b - it.block0);
-      bad |= !e.ok;
+      big = std::max(big, e.big);
       s0 = s0 + e.a;
       s1 = s1 + e.b;
     }
@@ -73,7 +73,7 @@ void prepass_partial(const optim_problem& p, const optim_item& it, std::int64_t 
     lane1[t] = s1;
   }
   const float sum0 = tree_sum(lane0, lanes), sum1 = two ? tree_sum(lane1, lanes) : 0.0f;
-  bad |= !optim_ops::finite(sum0) | !optim_ops::finite(sum1);
+  const bool bad = d::prepass_excluded(big, sum0, sum1);
   partial[0] = bad ? d::excluded_partial : sum0;
   partial[1] = bad ? 0.0f : sum1;
 }

@@ -255,34 +255,44 @@ LOWBIT_HD LOWBIT_INLINE void tensor_pair(const optim_shared& sh, double s0, doub
 
 // The pre-pass's two terms of element i (b its block in the tensor; v0, v1 the codebook values
 // of states 0 and 1): StableAdamW the RMS term g^2 / max(v_t, eps^2) and 0; LAMB p^2 and u^2
-// (u from the new moments, which only the step writes); LARS p^2 and g^2. ok: every value the
-// terms and (LAMB) the new moments need is finite.
+// (u from the new moments, which only the step writes); LARS p^2 and g^2.
+//
+// A work block is left out where a value its terms or (LAMB) its new moments need is not finite.
+// The terms are non-negative and the block's two sums are checked after the block (prepass
+// callers), so a term that is Inf or NaN shows there, and so does any input that makes one so:
+// a non-finite gradient makes StableAdamW's term NaN (g NaN, or g^2 / v_t = Inf / Inf) and LARS'
+// g^2 non-finite; a non-finite parameter makes p^2 so. What the sums cannot show is in big, the
+// largest magnitude bits of the values a term stays finite without (>= 0x7F800000: one is Inf
+// or NaN): StableAdamW's v_t (an Inf v_t makes the term 0, a NaN one takes the eps^2 floor),
+// LAMB's new moments (which a non-finite gradient makes non-finite); nothing for LARS. The
+// terms' checks so cost two integer operations per value, not a branch.
 struct prepass_terms {
   float a, b;
-  bool ok;
+  std::uint32_t big;
 };
 // The terms from the element's values (kind: sh.kind, a compile-time constant in the CUDA
 // kernel): g the gradient, p the parameter (its master value with a residual; LAMB, LARS), m and v
-// the states as loaded (LAMB; StableAdamW v only).
+// the states as loaded (LAMB; StableAdamW v only). StableAdamW's terms take g squared only, so
+// maximize (which negates g) changes nothing in them.
 LOWBIT_HD LOWBIT_INLINE prepass_terms prepass_values(optimizer kind, const optim_shared& sh,
                                                      float p, float g, float m, float v) {
   namespace ops = optim_ops;
   if (kind == optimizer::stable_adamw) {
-    const float gg = sh.c.maximize ? -g : g;
-    const float vn = ops::stable_v(sh.c, gg, v);
-    const float r = ops::stable_rms_term(sh.c, gg, vn);
-    return {r, 0.0f, ops::finite(g) && ops::finite(vn) && ops::finite(r)};
+    const float vn = ops::stable_v(sh.c, g, v);
+    return {ops::stable_rms_term(sh.c, g, vn), 0.0f, bops::abs_bits(vn)};
   }
   const float pp = p * p;
-  if (kind == optimizer::lars) {
-    const float gg = g * g;
-    return {pp, gg, ops::finite(g) && ops::finite(pp) && ops::finite(gg)};
-  }
+  if (kind == optimizer::lars)
+    return {pp, g * g, 0u};
   const ops::lamb_direction_t d = ops::lamb_direction(sh.c, p, g, m, v);
-  const float uu = d.u * d.u;
-  return {pp, uu,
-          ops::finite(g) && ops::finite(pp) && ops::finite(uu) && ops::finite(d.m) &&
-              ops::finite(d.v)};
+  return {pp, d.u * d.u,
+          bops::abs_bits(d.m) > bops::abs_bits(d.v) ? bops::abs_bits(d.m) : bops::abs_bits(d.v)};
+}
+
+// Whether a work block's pre-pass leaves it out: big (the largest prepass_terms::big of its
+// elements) or one of its two sums not finite.
+LOWBIT_HD LOWBIT_INLINE bool prepass_excluded(std::uint32_t big, float sum0, float sum1) {
+  return big >= 0x7F800000u || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
 }
 
 // The terms of element i, loaded from the tensor (the CPU twin's form of the pre-pass).

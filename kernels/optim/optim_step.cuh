@@ -660,35 +660,44 @@ __device__ __forceinline__ void block_prepass(const optim_shared& sh, const opti
     }
   }
   float s0 = 0.0f, s1 = 0.0f;
-  bool bad = false;
-#pragma unroll
-  for (int k = 0; k < EPT; ++k) {
-    if (ls.vec || ls.in(k)) {
-      const float g = param_value<F::pk>(gb[k]);
-      float p = 0.0f, m = 0.0f, v = 0.0f;
-      if constexpr (!stable) {
-        if constexpr (F::rb != 0)
-          p = residual_ops::join(d::resid_kind(F::pk), F::rb, pb[k], rb[k]);
-        else
-          p = param_value<F::pk>(pb[k]);
-      }
-      // value * absmax (bops::decode less its NaN canonicalization: a NaN makes the terms
-      // non-finite, which excludes the block either way).
-      if constexpr (!stable && !lars)
-        m = F::e8 ? step_tb[T0].value[code_at(w1, k)] * am : f1[k];
-      if constexpr (!lars)
-        v = F::e8 ? step_tb[1].value[code_at(w2, k)] * av : f2[k];
-      const d::prepass_terms e = d::prepass_values(K, sh, p, g, m, v);
-      bad |= !e.ok;
-      s0 = s0 + e.a;
-      s1 = s1 + e.b;
+  std::uint32_t big = 0;
+  const auto term = [&](int k) {
+    const float g = param_value<F::pk>(gb[k]);
+    float p = 0.0f, m = 0.0f, v = 0.0f;
+    if constexpr (!stable) {
+      if constexpr (F::rb != 0)
+        p = residual_ops::join(d::resid_kind(F::pk), F::rb, pb[k], rb[k]);
+      else
+        p = param_value<F::pk>(pb[k]);
     }
+    // value * absmax (bops::decode less its NaN canonicalization: a NaN makes the terms
+    // non-finite, which excludes the block either way).
+    if constexpr (!stable && !lars)
+      m = F::e8 ? step_tb[T0].value[code_at(w1, k)] * am : f1[k];
+    if constexpr (!lars)
+      v = F::e8 ? step_tb[1].value[code_at(w2, k)] * av : f2[k];
+    const d::prepass_terms e = d::prepass_values(K, sh, p, g, m, v);
+    big = max(big, e.big);
+    s0 = s0 + e.a;
+    s1 = s1 + e.b;
+  };
+  // Full blocks of aligned tensors without a range check per element.
+  if (ls.vec) {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      term(k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < EPT; ++k)
+      if (ls.in(k))
+        term(k);
   }
-  bad = grp::any(bad);
+  // One vote: only whether some lane's big reaches Inf matters.
+  big = grp::any(big >= 0x7F800000u) ? 0x7F800000u : 0u;
   const float sum0 = grp::sum_of(s0, red);
   const float sum1 = stable ? 0.0f : grp::sum_of(s1, red);
   if (r == 0) {
-    const bool out = bad || !optim_ops::finite(sum0) || !optim_ops::finite(sum1);
+    const bool out = d::prepass_excluded(big, sum0, sum1);
     partial[2 * wb] = out ? d::excluded_partial : sum0;
     partial[2 * wb + 1] = out ? 0.0f : sum1;
   }
