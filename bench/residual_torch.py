@@ -18,6 +18,7 @@ against a float32 master whose forward sees the master rounded by the same rule 
 be equal bit for bit), with residual8 and a plain bfloat16 model (no master) beside them.
 
     python bench/residual_torch.py --json residual.json          # H200: well under 90 s
+    python bench/residual_torch.py --checkpoint                  # blocks recomputed in backward
     python bench/residual_torch.py --device cpu --quick          # a quick CPU check
 """
 
@@ -28,6 +29,7 @@ import json
 import time
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 import lowbit.optim as lo
@@ -52,16 +54,22 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, width: int, layers: int, heads: int, seq: int) -> None:
+    """checkpoint: each block under torch.utils.checkpoint (its activations recomputed in the
+    backward pass; only the blocks' inputs are kept), the same for every configuration."""
+
+    def __init__(self, vocab: int, width: int, layers: int, heads: int, seq: int,
+                 checkpoint: bool = False) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(width)
+        self.checkpoint = checkpoint
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
-            x = b(x)
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False) \
+                if self.checkpoint else b(x)
         return self.ln(x) @ self.tok.weight.t()  # tied head
 
 
@@ -133,7 +141,8 @@ def persistent_bytes(model: nn.Module, opt: torch.optim.Optimizer,
 
 def run_config(name, kind, make, fused, args, dev, data):
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.width, args.layers, args.heads, args.seq).to(dev)
+    model = GPT(args.vocab, args.width, args.layers, args.heads, args.seq,
+                args.checkpoint).to(dev)
     opt = make(list(model.parameters()), dev)
     if kind == "bf16":
         opt.to_residual(torch.bfloat16)
@@ -198,6 +207,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--tiny-steps", type=int, default=500)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="activation checkpointing of every block, in every configuration")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.vocab, args.width, args.layers, args.heads = 50257, 768, 12, 12
@@ -226,7 +237,8 @@ def main() -> None:
                 r["optimizer_step_vs_fp32_master"] = (r["ms_per_optimizer_step"] /
                                                       ref["ms_per_optimizer_step"])
     tiny = tiny_run(dev, args.tiny_steps)
-    print(f"# {rows[0]['params']} parameters, batch {args.batch} x seq {args.seq}, {dev}")
+    print(f"# {rows[0]['params']} parameters, batch {args.batch} x seq {args.seq}, {dev}"
+          f"{', blocks checkpointed' if args.checkpoint else ''}")
     head = (f"{'config':44s} {'B/param':>7s} {'(w+r+state+grad)':>18s} {'held GB':>8s} "
             f"{'peak GB':>8s} {'vs base':>7s} {'train ms':>9s} {'opt ms':>8s} "
             f"{'vs fp32 master':>14s}")
@@ -253,7 +265,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"device": dev, "torch": torch.__version__,
                        "gpu": torch.cuda.get_device_name() if dev == "cuda" else None,
-                       "batch": args.batch, "seq": args.seq, "model": {
+                       "batch": args.batch, "seq": args.seq,
+                       "checkpoint": args.checkpoint, "model": {
                            "vocab": args.vocab, "width": args.width, "layers": args.layers,
                            "heads": args.heads}, "rows": rows, "tiny": tiny,
                        "seconds": elapsed}, f, indent=1)
