@@ -44,7 +44,7 @@ _HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Keyword arguments of the entry: LAMB's and LARS' trust-ratio settings, RMSprop's centered.
-_TRUST_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction", "centered")
+_KEYWORD_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction", "centered")
 # master_weights: the residual's bits and storage dtype.
 _MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
 _RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
@@ -406,7 +406,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if buckets:
             hp = self._hparams(group)
             rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
-            trust = {k: hp[k] for k in _TRUST_ARGS if k in hp}
+            keywords = {k: hp[k] for k in _KEYWORD_ARGS if k in hp}
             coeffs = (hp.get("lr", 0.0), hp.get("beta1", 0.0), hp.get("beta2", 0.0),
                       hp.get("eps", 0.0), hp.get("weight_decay", 0.0), hp.get("momentum", 0.0),
                       hp.get("dampening", 0.0), hp.get("nesterov", False),
@@ -417,9 +417,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
                     *coeffs, step, skipped.data_ptr(), self.block_size, rounding, self.seed,
                     self.rng_offset, 0)
             if device.type == "cuda":
-                _on_stream(device, _core.optimizer_step_raw, args, trust)
+                _on_stream(device, _core.optimizer_step_raw, args, keywords)
             elif device.type == "cpu":
-                _core.optimizer_step_raw(*args, 0, **trust)
+                _core.optimizer_step_raw(*args, 0, **keywords)
             else:
                 raise RuntimeError(f"{who}: parameters on {device} are not supported (CPU and "
                                    "CUDA only)")
