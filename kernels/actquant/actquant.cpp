@@ -19,16 +19,18 @@ struct layout {
 layout layout_of(const tensor_view& x, const actquant_groups& g) {
   require_valid(x, "x");
   require(x.ndim >= 1, errc::invalid_argument, "x: a grouped dimension needs at least 1-d x");
-  require(g.dim >= -x.ndim && g.dim < x.ndim, errc::invalid_argument,
-          "groups.dim = " + std::to_string(g.dim) + " is outside x's " + std::to_string(x.ndim) +
-              " dimensions");
+  require(g.dim >= -x.ndim && g.dim < x.ndim, errc::invalid_argument, [&] {
+    return "groups.dim = " + std::to_string(g.dim) + " is outside x's " + std::to_string(x.ndim) +
+           " dimensions";
+  });
   const int d = g.dim < 0 ? g.dim + x.ndim : g.dim;
   const std::int64_t c = x.shape[d];
   require(g.group_size >= 1, errc::invalid_argument,
-          "groups.group_size = " + std::to_string(g.group_size) + " must be >= 1");
-  require(c % g.group_size == 0, errc::invalid_argument,
-          "groups.group_size = " + std::to_string(g.group_size) + " does not divide x.shape[" +
-              std::to_string(d) + "] = " + std::to_string(c));
+          [&] { return "groups.group_size = " + std::to_string(g.group_size) + " must be >= 1"; });
+  require(c % g.group_size == 0, errc::invalid_argument, [&] {
+    return "groups.group_size = " + std::to_string(g.group_size) + " does not divide x.shape[" +
+           std::to_string(d) + "] = " + std::to_string(c);
+  });
   std::int64_t inner = 1;
   for (int k = d + 1; k < x.ndim; ++k)
     inner *= x.shape[k];
@@ -52,16 +54,17 @@ void check_estimates(const tensor_view& alpha, const tensor_view& beta, const te
   require_dtype(beta, "beta", {dtype::float32});
   require_contiguous(alpha, "alpha");
   require_contiguous(beta, "beta");
-  require(alpha.numel() == groups && beta.numel() == groups, errc::invalid_argument,
-          "alpha and beta must have one element per group (" + std::to_string(groups) + "), got " +
-              std::to_string(alpha.numel()) + " and " + std::to_string(beta.numel()));
+  require(alpha.numel() == groups && beta.numel() == groups, errc::invalid_argument, [&] {
+    return "alpha and beta must have one element per group (" + std::to_string(groups) + "), got " +
+           std::to_string(alpha.numel()) + " and " + std::to_string(beta.numel());
+  });
   require_same_device(alpha, "alpha", x, "x");
   require_same_device(beta, "beta", x, "x");
 }
 
 void check_momentum(float m) {
   require(m >= 0.0f && m <= 1.0f, errc::invalid_argument,
-          "momentum = " + std::to_string(m) + " must be in [0, 1]");
+          [&] { return "momentum = " + std::to_string(m) + " must be in [0, 1]"; });
 }
 
 actquant_problem problem_of(const tensor_view& x, const tensor_view& alpha, const tensor_view& beta,

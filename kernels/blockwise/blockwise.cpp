@@ -114,10 +114,11 @@ codebook codebook::linear(bool is_signed) {
 codebook codebook::from_format(const emu::format& f) {
   if (const char* why = emu::check_format(f))
     throw error(errc::invalid_argument, std::string("codebook::from_format: ") + why);
-  require(f.bits() <= 8 && f.fits_float(), errc::invalid_argument,
-          "codebook::from_format: format " + emu::format_name(f) +
-              " has more than 256 codes or values outside float32; use a format of at most 8 "
-              "bits");
+  require(f.bits() <= 8 && f.fits_float(), errc::invalid_argument, [&] {
+    return "codebook::from_format: format " + emu::format_name(f) +
+           " has more than 256 codes or values outside float32; use a format of at most 8 "
+           "bits";
+  });
   std::vector<float> v;
   for (std::uint32_t c = 0; c < (1u << f.bits()); ++c) {
     const float x = emu::decode<float>(f, c);
@@ -129,8 +130,9 @@ codebook codebook::from_format(const emu::format& f) {
   float m = 0.0f;
   for (float x : v)
     m = std::max(m, std::fabs(x));
-  require(m > 0.0f, errc::invalid_argument,
-          "codebook::from_format: format " + emu::format_name(f) + " has no nonzero value");
+  require(m > 0.0f, errc::invalid_argument, [&] {
+    return "codebook::from_format: format " + emu::format_name(f) + " has no nonzero value";
+  });
   for (auto& x : v)
     x = x / m;
   v.erase(std::unique(v.begin(), v.end()), v.end()); // tiny values may meet at 0 after division
@@ -138,15 +140,17 @@ codebook codebook::from_format(const emu::format& f) {
 }
 
 codebook codebook::from_quantiles(const float* q, std::int64_t k) {
-  require(k >= 1 && k <= 255, errc::invalid_argument,
-          "codebook::from_quantiles: expected 1..255 quantiles (one entry is kept for 0), got " +
-              std::to_string(k));
+  require(k >= 1 && k <= 255, errc::invalid_argument, [&] {
+    return "codebook::from_quantiles: expected 1..255 quantiles (one entry is kept for 0), got " +
+           std::to_string(k);
+  });
   require(q != nullptr, errc::invalid_argument, "codebook::from_quantiles: null pointer");
   std::vector<float> v(q, q + k);
   float m = 0.0f;
   for (std::int64_t i = 0; i < k; ++i) {
-    require(std::isfinite(v[static_cast<std::size_t>(i)]), errc::invalid_argument,
-            "codebook::from_quantiles: quantile " + std::to_string(i) + " is not finite");
+    require(std::isfinite(v[static_cast<std::size_t>(i)]), errc::invalid_argument, [&] {
+      return "codebook::from_quantiles: quantile " + std::to_string(i) + " is not finite";
+    });
     m = std::max(m, std::fabs(v[static_cast<std::size_t>(i)]));
   }
   require(m > 0.0f, errc::invalid_argument,
@@ -159,16 +163,17 @@ codebook codebook::from_quantiles(const float* q, std::int64_t k) {
 
 codebook codebook::from_values(const float* v, std::int64_t n) {
   require(n == 256, errc::invalid_argument,
-          "codebook: expected exactly 256 values, got " + std::to_string(n));
+          [&] { return "codebook: expected exactly 256 values, got " + std::to_string(n); });
   require(v != nullptr, errc::invalid_argument, "codebook: null pointer");
   codebook cb;
   for (int i = 0; i < 256; ++i) {
     const float x = v[i];
     require(std::isfinite(x), errc::invalid_argument,
-            "codebook: entry " + std::to_string(i) + " is not finite");
-    require(x >= -1.0f && x <= 1.0f, errc::invalid_argument,
-            "codebook: entry " + std::to_string(i) + " (" + std::to_string(x) +
-                ") lies outside [-1, 1]");
+            [&] { return "codebook: entry " + std::to_string(i) + " is not finite"; });
+    require(x >= -1.0f && x <= 1.0f, errc::invalid_argument, [&] {
+      return "codebook: entry " + std::to_string(i) + " (" + std::to_string(x) +
+             ") lies outside [-1, 1]";
+    });
     // (An if, not require(): the message reads v[i - 1], which does not exist for i == 0.)
     if (i > 0 && !(v[i - 1] <= x))
       throw error(errc::invalid_argument, "codebook: entries must be ascending, but entry " +
@@ -192,9 +197,10 @@ namespace {
 const std::initializer_list<dtype> real_inputs = {dtype::float32, dtype::float16, dtype::bfloat16};
 
 void check_block(std::int64_t block) {
-  require(is_blockwise_block(block), errc::invalid_argument,
-          "block: must be one of 64, 128, 256, 512, 1024, 2048, 4096 (got " +
-              std::to_string(block) + ")");
+  require(is_blockwise_block(block), errc::invalid_argument, [&] {
+    return "block: must be one of 64, 128, 256, 512, 1024, 2048, 4096 (got " +
+           std::to_string(block) + ")";
+  });
 }
 
 void check_flat(const tensor_view& v, const char* arg, std::initializer_list<dtype> types) {
@@ -204,9 +210,10 @@ void check_flat(const tensor_view& v, const char* arg, std::initializer_list<dty
 }
 
 void require_numel(const tensor_view& v, const char* arg, std::int64_t n, const char* what) {
-  require(v.numel() == n, errc::invalid_argument,
-          std::string(arg) + ": expected " + std::to_string(n) + " elements (" + what +
-              ") but got shape " + v.shape_string());
+  require(v.numel() == n, errc::invalid_argument, [&] {
+    return std::string(arg) + ": expected " + std::to_string(n) + " elements (" + what +
+           ") but got shape " + v.shape_string();
+  });
 }
 
 void prepare(const codebook& cb, blockwise_ops::tables& tb, std::uint32_t& zero_code) {
@@ -332,9 +339,10 @@ void estimate_quantiles(const tensor_view& x, const tensor_view& out, const exec
   check_flat(out, "out", {dtype::float32});
   require_same_device(x, "x", out, "out");
   require(x.numel() >= 1, errc::invalid_argument, "x: quantiles of an empty tensor are undefined");
-  require(out.numel() >= 1 && out.numel() <= quantile_chunk, errc::invalid_argument,
-          "out: the number of quantiles (out.numel() = " + std::to_string(out.numel()) +
-              ") must be in 1..4096");
+  require(out.numel() >= 1 && out.numel() <= quantile_chunk, errc::invalid_argument, [&] {
+    return "out: the number of quantiles (out.numel() = " + std::to_string(out.numel()) +
+           ") must be in 1..4096";
+  });
   quantile_problem p;
   p.x = x;
   p.out = out;

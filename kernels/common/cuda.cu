@@ -94,14 +94,16 @@ void require_device_memory(const tensor_view& v, const char* arg) {
                                             "); pass device memory for a cuda view");
   }
   require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
-          errc::invalid_argument,
-          std::string(arg) + ": a cuda view must point to device (or managed) memory");
+          errc::invalid_argument, [&] {
+            return std::string(arg) + ": a cuda view must point to device (or managed) memory";
+          });
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice", __FILE__, __LINE__);
-  require(attr.device == v.dev.index && dev == v.dev.index, errc::invalid_argument,
-          std::string(arg) + ": the memory is on cuda:" + std::to_string(attr.device) +
-              " but the current device is cuda:" + std::to_string(dev) +
-              " (view says cuda:" + std::to_string(v.dev.index) + ")");
+  require(attr.device == v.dev.index && dev == v.dev.index, errc::invalid_argument, [&] {
+    return std::string(arg) + ": the memory is on cuda:" + std::to_string(attr.device) +
+           " but the current device is cuda:" + std::to_string(dev) +
+           " (view says cuda:" + std::to_string(v.dev.index) + ")";
+  });
 }
 
 } // namespace cuda

@@ -36,7 +36,7 @@ inline matrix_shape as_matrix(const tensor_view& v, const char* arg) {
     return m;
   }
   require(m.cols == 1 || v.strides[v.ndim - 1] == 1, errc::invalid_argument,
-          std::string(arg) + ": the last dimension must be contiguous (stride 1)");
+          [&] { return std::string(arg) + ": the last dimension must be contiguous (stride 1)"; });
   // Walk the leading dimensions from inner to outer (size-1 dimensions do not matter): the first
   // fixes the row stride, each further one must step over everything inside it.
   m.row_stride = m.cols;
@@ -47,15 +47,17 @@ inline matrix_shape as_matrix(const tensor_view& v, const char* arg) {
     if (expect < 0) {
       m.row_stride = v.strides[k];
     } else {
-      require(v.strides[k] == expect, errc::invalid_argument,
-              std::string(arg) + ": leading dimensions do not collapse into uniform rows; "
-                                 "make the tensor contiguous first");
+      require(v.strides[k] == expect, errc::invalid_argument, [&] {
+        return std::string(arg) + ": leading dimensions do not collapse into uniform rows; "
+                                  "make the tensor contiguous first";
+      });
     }
     expect = v.strides[k] * v.shape[k];
   }
-  require(m.rows == 1 || m.row_stride >= m.cols, errc::invalid_argument,
-          std::string(arg) + ": rows overlap or run backwards (row stride " +
-              std::to_string(m.row_stride) + " for rows of " + std::to_string(m.cols) + ")");
+  require(m.rows == 1 || m.row_stride >= m.cols, errc::invalid_argument, [&] {
+    return std::string(arg) + ": rows overlap or run backwards (row stride " +
+           std::to_string(m.row_stride) + " for rows of " + std::to_string(m.cols) + ")";
+  });
   if (m.rows == 1)
     m.row_stride = m.cols;
   return m;

@@ -91,31 +91,33 @@ void require_dtype(const tensor_view& v, const char* arg, std::initializer_list<
 
 void require_same_shape(const tensor_view& a, const char* arg_a, const tensor_view& b,
                         const char* arg_b) {
-  require(a.same_shape(b), errc::invalid_argument,
-          std::string(arg_a) + " has shape " + a.shape_string() + " but " + arg_b + " has shape " +
-              b.shape_string() + "; they must match");
+  require(a.same_shape(b), errc::invalid_argument, [&] {
+    return std::string(arg_a) + " has shape " + a.shape_string() + " but " + arg_b + " has shape " +
+           b.shape_string() + "; they must match";
+  });
 }
 
 void require_same_device(const tensor_view& a, const char* arg_a, const tensor_view& b,
                          const char* arg_b) {
-  require(a.dev == b.dev, errc::invalid_argument,
-          std::string(arg_a) + " is on " + device_name(a.dev) + " but " + arg_b + " is on " +
-              device_name(b.dev));
+  require(a.dev == b.dev, errc::invalid_argument, [&] {
+    return std::string(arg_a) + " is on " + device_name(a.dev) + " but " + arg_b + " is on " +
+           device_name(b.dev);
+  });
 }
 
 void require_contiguous(const tensor_view& v, const char* arg) {
   require(v.is_contiguous(), errc::invalid_argument,
-          std::string(arg) + " must be contiguous (row-major) here");
+          [&] { return std::string(arg) + " must be contiguous (row-major) here"; });
 }
 
 void require_valid(const tensor_view& v, const char* arg) {
   require(v.ndim >= 0 && v.ndim <= max_dims, errc::invalid_argument,
-          std::string(arg) + ": at most 8 dimensions");
+          [&] { return std::string(arg) + ": at most 8 dimensions"; });
   for (int i = 0; i < v.ndim; ++i)
     require(v.shape[i] >= 0, errc::invalid_argument,
-            std::string(arg) + ": negative extent in shape " + v.shape_string());
+            [&] { return std::string(arg) + ": negative extent in shape " + v.shape_string(); });
   require(v.data != nullptr || v.numel() == 0, errc::invalid_argument,
-          std::string(arg) + ": null data pointer for a non-empty tensor");
+          [&] { return std::string(arg) + ": null data pointer for a non-empty tensor"; });
 }
 
 } // namespace lowbit::kernels

@@ -64,15 +64,15 @@ gemm_elem elem_of(const target& t, const char* arg, dtype& codes_type) {
 // that is refused for its shape (K over the int8 limit) is refused before anything is read.
 void check_view(const tensor_view& v, const char* arg) {
   require(v.ndim >= 0 && v.ndim <= max_dims, errc::invalid_argument,
-          std::string(arg) + ": at most 8 dimensions");
+          [&] { return std::string(arg) + ": at most 8 dimensions"; });
   for (int i = 0; i < v.ndim; ++i)
     require(v.shape[i] >= 0, errc::invalid_argument,
-            std::string(arg) + ": negative extent in shape " + v.shape_string());
+            [&] { return std::string(arg) + ": negative extent in shape " + v.shape_string(); });
 }
 
 void check_data(const tensor_view& v, const char* arg) {
   require(v.data != nullptr || v.numel() == 0, errc::invalid_argument,
-          std::string(arg) + ": null data pointer for a non-empty tensor");
+          [&] { return std::string(arg) + ": null data pointer for a non-empty tensor"; });
 }
 
 // A default-constructed view (no dimensions, null data) stands for "none" where a tensor may
@@ -102,21 +102,24 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 gemm_side check_blocks(const gemm_operand& op, const side_views& names, const matrix_shape& m,
                        gemm_side s, const tensor_view& scales) {
   const std::string arg = names.scales_arg;
-  require(op.block_rows >= 1 && op.block_k >= 1, errc::invalid_argument,
-          arg + ": block scales need block_rows >= 1 and block_k >= 1 (got " +
-              std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
-              "; both 0 for tensor or row scales)");
+  require(op.block_rows >= 1 && op.block_k >= 1, errc::invalid_argument, [&] {
+    return arg + ": block scales need block_rows >= 1 and block_k >= 1 (got " +
+           std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
+           "; both 0 for tensor or row scales)";
+  });
   require_dtype(scales, names.scales_arg, {dtype::float32, dtype::uint8});
   const bool e8m0 = scales.type == dtype::uint8;
-  require(!e8m0 || gemm_is_fp8(s.elem), errc::invalid_argument,
-          arg + ": uint8 (E8M0) scales are for fp8 operands (MXFP8); give float32 scales for " +
-              std::string(names.fmt_arg) + " operands");
+  require(!e8m0 || gemm_is_fp8(s.elem), errc::invalid_argument, [&] {
+    return arg + ": uint8 (E8M0) scales are for fp8 operands (MXFP8); give float32 scales for " +
+           std::string(names.fmt_arg) + " operands";
+  });
   const std::int64_t sr = ceil_div(m.rows, op.block_rows), sc = ceil_div(m.cols, op.block_k);
-  require(scales.numel() == sr * sc, errc::invalid_argument,
-          arg + ": " + std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
-              " blocks of a " + std::to_string(m.rows) + " x " + std::to_string(m.cols) +
-              " operand need " + std::to_string(sr) + " x " + std::to_string(sc) +
-              " scales but got shape " + scales.shape_string());
+  require(scales.numel() == sr * sc, errc::invalid_argument, [&] {
+    return arg + ": " + std::to_string(op.block_rows) + " x " + std::to_string(op.block_k) +
+           " blocks of a " + std::to_string(m.rows) + " x " + std::to_string(m.cols) +
+           " operand need " + std::to_string(sr) + " x " + std::to_string(sc) +
+           " scales but got shape " + scales.shape_string();
+  });
   if (scales.numel() > 0) {
     require_contiguous(scales, names.scales_arg);
     require_same_device(op.codes, names.codes_arg, scales, names.scales_arg);
@@ -135,8 +138,9 @@ gemm_side check_side(const gemm_operand& op, const side_views& names, std::int64
   dtype want;
   s.elem = elem_of(op.fmt, names.fmt_arg, want);
   check_view(op.codes, names.codes_arg);
-  require(op.codes.ndim >= 1, errc::invalid_argument,
-          std::string(names.codes_arg) + ": expected a (rows x K) matrix, got a scalar");
+  require(op.codes.ndim >= 1, errc::invalid_argument, [&] {
+    return std::string(names.codes_arg) + ": expected a (rows x K) matrix, got a scalar";
+  });
   require_dtype(op.codes, names.codes_arg, {want});
   const matrix_shape m = as_matrix(op.codes, names.codes_arg);
   s.codes = op.codes.data;
@@ -149,10 +153,11 @@ gemm_side check_side(const gemm_operand& op, const side_views& names, std::int64
     return check_blocks(op, names, m, s, scales);
   require_dtype(scales, names.scales_arg, {dtype::float32});
   const std::int64_t ns = scales.numel();
-  require(ns == 0 || ns == 1 || ns == m.rows, errc::invalid_argument,
-          std::string(names.scales_arg) + ": expected 0 (no scales), 1 (one per tensor) or " +
-              std::to_string(m.rows) + " (one per row) elements but got shape " +
-              scales.shape_string());
+  require(ns == 0 || ns == 1 || ns == m.rows, errc::invalid_argument, [&] {
+    return std::string(names.scales_arg) + ": expected 0 (no scales), 1 (one per tensor) or " +
+           std::to_string(m.rows) + " (one per row) elements but got shape " +
+           scales.shape_string();
+  });
   if (ns > 0) {
     require_contiguous(scales, names.scales_arg);
     require_same_device(op.codes, names.codes_arg, scales, names.scales_arg);
@@ -176,42 +181,46 @@ gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_vi
   p.a = check_side(a, {"a.codes", "a.scales", "a.fmt"}, ka);
   p.b = check_side(b, {"b.codes", "b.scales", "b.fmt"}, kb);
   const int kind_a = kind_of(p.a.elem), kind_b = kind_of(p.b.elem);
-  require(kind_a == kind_b && (kind_a != 2 || p.a.elem == p.b.elem), errc::invalid_argument,
-          "b.fmt: " + target_name(b.fmt) + " cannot be multiplied with a.fmt " +
-              target_name(a.fmt) +
-              " (int8 takes int8, fp8 takes fp8 of either e4m3fn or e5m2, a 16-bit format "
-              "takes the same format)");
-  require(ka == kb, errc::invalid_argument,
-          "b.codes: K (the last dimension) is " + std::to_string(kb) + " but a.codes has K " +
-              std::to_string(ka));
+  require(kind_a == kind_b && (kind_a != 2 || p.a.elem == p.b.elem), errc::invalid_argument, [&] {
+    return "b.fmt: " + target_name(b.fmt) + " cannot be multiplied with a.fmt " +
+           target_name(a.fmt) +
+           " (int8 takes int8, fp8 takes fp8 of either e4m3fn or e5m2, a 16-bit format "
+           "takes the same format)";
+  });
+  require(ka == kb, errc::invalid_argument, [&] {
+    return "b.codes: K (the last dimension) is " + std::to_string(kb) + " but a.codes has K " +
+           std::to_string(ka);
+  });
   p.m = p.a.rows;
   p.n = p.b.rows;
   p.k = ka;
   if (a.block_k > 0 && b.block_k > 0)
-    require(a.block_k == b.block_k, errc::invalid_argument,
-            "b.scales: K blocks of " + std::to_string(b.block_k) +
-                " but a.scales has K blocks of " + std::to_string(a.block_k) +
-                " (the blocked rule needs one K block length)");
+    require(a.block_k == b.block_k, errc::invalid_argument, [&] {
+      return "b.scales: K blocks of " + std::to_string(b.block_k) +
+             " but a.scales has K blocks of " + std::to_string(a.block_k) +
+             " (the blocked rule needs one K block length)";
+    });
   p.kblock = a.block_k > 0 ? a.block_k : b.block_k;
   if (p.a.elem == gemm_elem::int8) {
     const bool sym = a.fmt.ifmt == emu::int8_sym && b.fmt.ifmt == emu::int8_sym;
     const std::int64_t limit = sym ? gemm_int8_sym_k_limit : gemm_int8_k_limit;
-    require(p.k <= limit, errc::invalid_argument,
-            "a.codes: K = " + std::to_string(p.k) + " exceeds " + std::to_string(limit) +
-                ", the largest K whose int32 sum of " + target_name(a.fmt) + " x " +
-                target_name(b.fmt) +
-                " products cannot overflow (split K and add the partial results)");
+    require(p.k <= limit, errc::invalid_argument, [&] {
+      return "a.codes: K = " + std::to_string(p.k) + " exceeds " + std::to_string(limit) +
+             ", the largest K whose int32 sum of " + target_name(a.fmt) + " x " +
+             target_name(b.fmt) + " products cannot overflow (split K and add the partial results)";
+    });
   }
 
   check_view(bias, "bias");
   const std::int64_t nb = bias.numel();
   if (nb > 0) {
     require_dtype(bias, "bias", {dtype::float32, dtype::bfloat16, dtype::float16});
-    require(nb == p.n, errc::invalid_argument,
-            "bias: expected " + std::to_string(p.n) +
-                " elements (one per row of b) or none, "
-                "but got shape " +
-                bias.shape_string());
+    require(nb == p.n, errc::invalid_argument, [&] {
+      return "bias: expected " + std::to_string(p.n) +
+             " elements (one per row of b) or none, "
+             "but got shape " +
+             bias.shape_string();
+    });
     require_contiguous(bias, "bias");
     require_same_device(a.codes, "a.codes", bias, "bias");
     p.bias = bias.data;
@@ -222,9 +231,10 @@ gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_vi
   require_dtype(out, "out", {dtype::float32, dtype::bfloat16, dtype::float16});
   require(out.ndim >= 1, errc::invalid_argument, "out: expected a (M x N) matrix, got a scalar");
   const matrix_shape om = as_matrix(out, "out");
-  require(om.rows == p.m && om.cols == p.n, errc::invalid_argument,
-          "out: expected " + std::to_string(p.m) + " x " + std::to_string(p.n) +
-              " (rows of a x rows of b) but got shape " + out.shape_string());
+  require(om.rows == p.m && om.cols == p.n, errc::invalid_argument, [&] {
+    return "out: expected " + std::to_string(p.m) + " x " + std::to_string(p.n) +
+           " (rows of a x rows of b) but got shape " + out.shape_string();
+  });
   p.out = out.data;
   p.out_type = out.type;
   p.out_stride = om.row_stride;
@@ -338,10 +348,11 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
   gemm_backend use = opt.backend;
   if (opt.accumulation) {
     // Only the CUDA cores sum in the model's order; the tensor cores sum in hardware.
-    require(use == gemm_backend::automatic || use == gemm_backend::simt, errc::unsupported,
-            std::string("opt.backend: ") + gemm_backend_name(use) +
-                " sums in hardware and cannot take opt.accumulation; simt (or automatic) runs the "
-                "model");
+    require(use == gemm_backend::automatic || use == gemm_backend::simt, errc::unsupported, [&] {
+      return std::string("opt.backend: ") + gemm_backend_name(use) +
+             " sums in hardware and cannot take opt.accumulation; simt (or automatic) runs the "
+             "model";
+    });
     use = gemm_backend::simt;
   } else if (use == gemm_backend::automatic) {
     use = choose(p);
@@ -358,9 +369,10 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
     }
   } else if (p.k > 0) {
     const std::string why = refusal(use, p);
-    require(why.empty(), errc::unsupported,
-            std::string("opt.backend: ") + gemm_backend_name(use) +
-                " cannot take this problem: " + why + "; " + alternative(p));
+    require(why.empty(), errc::unsupported, [&] {
+      return std::string("opt.backend: ") + gemm_backend_name(use) +
+             " cannot take this problem: " + why + "; " + alternative(p);
+    });
   } else {
     use = gemm_backend::simt; // K = 0 launches no GEMM on any backend
   }

@@ -86,7 +86,7 @@ bool cutlass_sm90_available(const gemm_problem& p) {
 
 void cutlass_sm90_matmul(const gemm_problem& p, const exec& ex) {
   const std::string why = refusal(p);
-  require(why.empty(), errc::unsupported, "scaled_matmul (cutlass): " + why);
+  require(why.empty(), errc::unsupported, [&] { return "scaled_matmul (cutlass): " + why; });
   const cudaStream_t stream = stream_of(ex);
 
   // bias as float32: the caller's when it is float32 already, else widened into scratch (the

@@ -53,17 +53,21 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   const std::string name = std::string("optimizer_step(") + optimizer_name(o) + "): ";
   const auto in = [&](double v, double lo, double hi, bool hi_open, const char* what) {
     require(std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi), errc::invalid_argument,
-            name + what + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + (hi_open ? ")" : "]"));
+            [&] {
+              return name + what + " = " + std::to_string(v) + " is outside [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + (hi_open ? ")" : "]");
+            });
   };
   require(std::isfinite(h.lr) && h.lr >= 0.0, errc::invalid_argument,
-          name + "lr = " + std::to_string(h.lr) + " must be finite and >= 0");
-  require(std::isfinite(h.weight_decay) && h.weight_decay >= 0.0, errc::invalid_argument,
-          name + "weight_decay = " + std::to_string(h.weight_decay) + " must be finite and >= 0");
-  require(h.step >= 1, errc::invalid_argument,
-          name + "step = " + std::to_string(h.step) + " must be >= 1 (the step being taken)");
+          [&] { return name + "lr = " + std::to_string(h.lr) + " must be finite and >= 0"; });
+  require(std::isfinite(h.weight_decay) && h.weight_decay >= 0.0, errc::invalid_argument, [&] {
+    return name + "weight_decay = " + std::to_string(h.weight_decay) + " must be finite and >= 0";
+  });
+  require(h.step >= 1, errc::invalid_argument, [&] {
+    return name + "step = " + std::to_string(h.step) + " must be >= 1 (the step being taken)";
+  });
   require(std::isfinite(h.eps) && h.eps >= 0.0, errc::invalid_argument,
-          name + "eps = " + std::to_string(h.eps) + " must be finite and >= 0");
+          [&] { return name + "eps = " + std::to_string(h.eps) + " must be finite and >= 0"; });
   switch (o) {
   case optimizer::adam:
   case optimizer::adamw:
@@ -76,33 +80,38 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   case optimizer::rmsprop:
     in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)");
     in(h.momentum, 0.0, 1.0, true, "momentum");
-    require(h.momentum == 0.0 || !h.centered, errc::invalid_argument,
-            name + "momentum and centered together need three states; one of them at a time "
-                   "is implemented");
+    require(h.momentum == 0.0 || !h.centered, errc::invalid_argument, [&] {
+      return name + "momentum and centered together need three states; one of them at a time "
+                    "is implemented";
+    });
     break;
   case optimizer::sgd:
   case optimizer::lars:
     in(h.momentum, 0.0, 1.0, true, "momentum");
     in(h.dampening, 0.0, 1.0, false, "dampening");
     require(!h.nesterov || (h.momentum > 0.0 && h.dampening == 0.0), errc::invalid_argument,
-            name + "nesterov needs momentum > 0 and dampening = 0");
+            [&] { return name + "nesterov needs momentum > 0 and dampening = 0"; });
     break;
   case optimizer::adagrad:
     require(std::isfinite(h.lr_decay) && h.lr_decay >= 0.0, errc::invalid_argument,
-            name + "lr_decay must be finite and >= 0");
+            [&] { return name + "lr_decay must be finite and >= 0"; });
     break;
   }
   if (o == optimizer::stable_adamw)
-    require(h.eps > 0.0, errc::invalid_argument,
-            name + "eps must be > 0 (eps^2 floors the second moment in the RMS term)");
+    require(h.eps > 0.0, errc::invalid_argument, [&] {
+      return name + "eps must be > 0 (eps^2 floors the second moment in the RMS term)";
+    });
   if (o == optimizer::lamb || o == optimizer::lars)
-    require(!std::isnan(h.max_trust_ratio) && h.max_trust_ratio > 0.0, errc::invalid_argument,
-            name + "max_trust_ratio = " + std::to_string(h.max_trust_ratio) +
-                " must be > 0 (infinity: no clamp)");
+    require(!std::isnan(h.max_trust_ratio) && h.max_trust_ratio > 0.0, errc::invalid_argument, [&] {
+      return name + "max_trust_ratio = " + std::to_string(h.max_trust_ratio) +
+             " must be > 0 (infinity: no clamp)";
+    });
   if (o == optimizer::lars)
     require(std::isfinite(h.trust_coefficient) && h.trust_coefficient > 0.0, errc::invalid_argument,
-            name + "trust_coefficient = " + std::to_string(h.trust_coefficient) +
-                " must be finite and > 0");
+            [&] {
+              return name + "trust_coefficient = " + std::to_string(h.trust_coefficient) +
+                     " must be finite and > 0";
+            });
 }
 
 optim_ops::coeffs coeffs_of(optimizer o, const optim_hparams& h) {
@@ -204,28 +213,32 @@ void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const
   require_valid(t.param, at(j, "param").c_str());
   require_valid(t.grad, at(j, "grad").c_str());
   require_dtype(t.param, at(j, "param").c_str(), {dtype::float32, dtype::bfloat16, dtype::float16});
-  require(t.grad.type == t.param.type, errc::invalid_type,
-          at(j, "grad") + ": dtype " + dtype_name(t.grad.type) + " differs from the parameter's " +
-              dtype_name(t.param.type));
+  require(t.grad.type == t.param.type, errc::invalid_type, [&] {
+    return at(j, "grad") + ": dtype " + dtype_name(t.grad.type) + " differs from the parameter's " +
+           dtype_name(t.param.type);
+  });
   require_same_shape(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
   require_contiguous(t.param, at(j, "param").c_str());
   require_contiguous(t.grad, at(j, "grad").c_str());
-  require(t.param.dev == dev, errc::invalid_argument,
-          at(j, "param") + ": on " + device_name(t.param.dev) + ", tensors[0] on " +
-              device_name(dev) + "; every tensor of a step on one device");
+  require(t.param.dev == dev, errc::invalid_argument, [&] {
+    return at(j, "param") + ": on " + device_name(t.param.dev) + ", tensors[0] on " +
+           device_name(dev) + "; every tensor of a step on one device";
+  });
   require_same_device(t.param, at(j, "param").c_str(), t.grad, at(j, "grad").c_str());
   const std::int64_t n = t.param.numel();
   const std::int64_t blocks = blockwise_blocks(n, block);
   if (t.residual.data != nullptr) {
     const tensor_view& r = t.residual;
-    require(t.param.type != dtype::float32, errc::invalid_argument,
-            at(j, "residual") + ": a float32 parameter is its own master; a residual needs a "
-                                "bfloat16 or float16 parameter");
+    require(t.param.type != dtype::float32, errc::invalid_argument, [&] {
+      return at(j, "residual") + ": a float32 parameter is its own master; a residual needs a "
+                                 "bfloat16 or float16 parameter";
+    });
     require_valid(r, at(j, "residual").c_str());
     require_dtype(r, at(j, "residual").c_str(), {dtype::int16, dtype::int8});
-    require(r.numel() == n, errc::invalid_argument,
-            at(j, "residual") + ": " + std::to_string(r.numel()) + " elements, the parameter " +
-                std::to_string(n));
+    require(r.numel() == n, errc::invalid_argument, [&] {
+      return at(j, "residual") + ": " + std::to_string(r.numel()) + " elements, the parameter " +
+             std::to_string(n);
+    });
     require_contiguous(r, at(j, "residual").c_str());
     require_same_device(t.param, at(j, "param").c_str(), r, at(j, "residual").c_str());
   }
@@ -235,39 +248,44 @@ void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const
   for (int k = 0; k < 2; ++k) {
     const tensor_view& s = *st[k];
     if (k >= ns) {
-      require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument,
-              at(j, sname[k]) + ": " + optimizer_name(o) + " keeps " + std::to_string(ns) +
-                  " state(s) here; leave " + sname[k] + " and " + aname[k] + " empty");
+      require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument, [&] {
+        return at(j, sname[k]) + ": " + optimizer_name(o) + " keeps " + std::to_string(ns) +
+               " state(s) here; leave " + sname[k] + " and " + aname[k] + " empty";
+      });
       continue;
     }
     require_valid(s, at(j, sname[k]).c_str());
-    require(s.numel() == n, errc::invalid_argument,
-            at(j, sname[k]) + ": " + std::to_string(s.numel()) + " elements, the parameter " +
-                std::to_string(n));
-    require(n == 0 || s.data != nullptr, errc::invalid_argument,
-            at(j, sname[k]) + ": missing (" + optimizer_name(o) + " keeps " + std::to_string(ns) +
-                " state(s))");
+    require(s.numel() == n, errc::invalid_argument, [&] {
+      return at(j, sname[k]) + ": " + std::to_string(s.numel()) + " elements, the parameter " +
+             std::to_string(n);
+    });
+    require(n == 0 || s.data != nullptr, errc::invalid_argument, [&] {
+      return at(j, sname[k]) + ": missing (" + optimizer_name(o) + " keeps " + std::to_string(ns) +
+             " state(s))";
+    });
     require_dtype(s, at(j, sname[k]).c_str(), {dtype::float32, dtype::uint8});
     require_contiguous(s, at(j, sname[k]).c_str());
     require_same_device(t.param, at(j, "param").c_str(), s, at(j, sname[k]).c_str());
     const bool eight = s.type == dtype::uint8;
     if (k == 0)
       eight_bit = eight;
-    require(eight == eight_bit, errc::invalid_argument,
-            at(j, sname[k]) + ": dtype " + dtype_name(s.type) + " but state1 is " +
-                (eight_bit ? "uint8" : "float32") + "; a tensor's states are of one kind");
+    require(eight == eight_bit, errc::invalid_argument, [&] {
+      return at(j, sname[k]) + ": dtype " + dtype_name(s.type) + " but state1 is " +
+             (eight_bit ? "uint8" : "float32") + "; a tensor's states are of one kind";
+    });
     if (eight) {
       const tensor_view& a = *am[k];
       require_valid(a, at(j, aname[k]).c_str());
       require_dtype(a, at(j, aname[k]).c_str(), {dtype::float32});
-      require(a.numel() == blocks, errc::invalid_argument,
-              at(j, aname[k]) + ": " + std::to_string(a.numel()) + " elements; expected " +
-                  std::to_string(blocks) + " (one per block of " + std::to_string(block) + ")");
+      require(a.numel() == blocks, errc::invalid_argument, [&] {
+        return at(j, aname[k]) + ": " + std::to_string(a.numel()) + " elements; expected " +
+               std::to_string(blocks) + " (one per block of " + std::to_string(block) + ")";
+      });
       require_contiguous(a, at(j, aname[k]).c_str());
       require_same_device(t.param, at(j, "param").c_str(), a, at(j, aname[k]).c_str());
     } else {
       require(am[k]->data == nullptr, errc::invalid_argument,
-              at(j, aname[k]) + ": 32-bit states have no absmax; leave it empty");
+              [&] { return at(j, aname[k]) + ": 32-bit states have no absmax; leave it empty"; });
     }
   }
 }
@@ -336,9 +354,10 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   require(count >= 0, errc::invalid_argument, "optimizer_step: count must be >= 0");
   require(count == 0 || tensors != nullptr, errc::invalid_argument,
           "optimizer_step: tensors is null");
-  require(cfg.block == 256 || cfg.block == 2048, errc::invalid_argument,
-          "optimizer_step: block = " + std::to_string(cfg.block) +
-              " is not supported; expected 256 or 2048");
+  require(cfg.block == 256 || cfg.block == 2048, errc::invalid_argument, [&] {
+    return "optimizer_step: block = " + std::to_string(cfg.block) +
+           " is not supported; expected 256 or 2048";
+  });
   require(cfg.rounding == codebook_rounding::nearest ||
               cfg.rounding == codebook_rounding::stochastic,
           errc::invalid_argument, "optimizer_step: unknown rounding");
@@ -413,13 +432,15 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   if (skipped.data != nullptr) {
     require_valid(skipped, "skipped");
     require_dtype(skipped, "skipped", {dtype::int64});
-    require(skipped.numel() == count, errc::invalid_argument,
-            "skipped: " + std::to_string(skipped.numel()) + " elements; expected one per tensor (" +
-                std::to_string(count) + ")");
+    require(skipped.numel() == count, errc::invalid_argument, [&] {
+      return "skipped: " + std::to_string(skipped.numel()) +
+             " elements; expected one per tensor (" + std::to_string(count) + ")";
+    });
     require_contiguous(skipped, "skipped");
     if (any)
-      require(skipped.dev == p.dev, errc::invalid_argument,
-              "skipped: on " + device_name(skipped.dev) + ", the tensors on " + device_name(p.dev));
+      require(skipped.dev == p.dev, errc::invalid_argument, [&] {
+        return "skipped: on " + device_name(skipped.dev) + ", the tensors on " + device_name(p.dev);
+      });
     if (cfg.check_device_memory && skipped.dev.type == device_type::cuda && count > 0)
       require_device_memory({&skipped}, {"skipped"});
     p.skipped = skipped.ptr<std::int64_t>();

@@ -72,9 +72,10 @@ step_tables resident_tables(const optim_problem& p) {
   static unsigned char* at[max_devices] = {};
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  require(dev >= 0 && dev < max_devices, errc::unsupported,
-          "optimizer step: device " + std::to_string(dev) + " is beyond the " +
-              std::to_string(max_devices) + " devices the step keeps tables for");
+  require(dev >= 0 && dev < max_devices, errc::unsupported, [&] {
+    return "optimizer step: device " + std::to_string(dev) + " is beyond the " +
+           std::to_string(max_devices) + " devices the step keeps tables for";
+  });
   const std::lock_guard<std::mutex> lock(mu);
   if (at[dev] == nullptr) {
     const bucket_tables b = buckets_of(p);

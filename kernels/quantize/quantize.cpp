@@ -42,28 +42,32 @@ void validate_target(const target& t, const char* arg) {
   if (t.is_int) {
     if (const char* why = emu::check_int_format(t.ifmt))
       throw error(errc::invalid_argument, std::string(arg) + ": " + why);
-    require(t.ifmt.bits <= 8, errc::invalid_argument,
-            std::string(arg) + ": integer format " + emu::int_format_name(t.ifmt) +
-                " cannot be a quantization target (integer targets have at most 8 bits, one "
-                "code per byte)");
+    require(t.ifmt.bits <= 8, errc::invalid_argument, [&] {
+      return std::string(arg) + ": integer format " + emu::int_format_name(t.ifmt) +
+             " cannot be a quantization target (integer targets have at most 8 bits, one "
+             "code per byte)";
+    });
     return;
   }
   if (const char* why = emu::check_format(t.fmt))
     throw error(errc::invalid_argument, std::string(arg) + ": " + why);
-  require(t.fmt.fits_float() && t.fmt.bits() <= 16, errc::invalid_argument,
-          std::string(arg) + ": format " + emu::format_name(t.fmt) +
-              " cannot be a quantization target (its values must fit float32 and its codes "
-              "16 bits)");
+  require(t.fmt.fits_float() && t.fmt.bits() <= 16, errc::invalid_argument, [&] {
+    return std::string(arg) + ": format " + emu::format_name(t.fmt) +
+           " cannot be a quantization target (its values must fit float32 and its codes "
+           "16 bits)";
+  });
 }
 
 void validate_grouping(const grouping& g) {
   if (g.k == grouping::kind::blocks)
-    require(g.tile_cols >= 1, errc::invalid_argument,
-            "grouping: the block length must be >= 1, got " + std::to_string(g.tile_cols));
+    require(g.tile_cols >= 1, errc::invalid_argument, [&] {
+      return "grouping: the block length must be >= 1, got " + std::to_string(g.tile_cols);
+    });
   if (g.k == grouping::kind::tiles)
-    require(g.tile_rows >= 1 && g.tile_cols >= 1, errc::invalid_argument,
-            "grouping: tile sizes must be >= 1, got (" + std::to_string(g.tile_rows) + ", " +
-                std::to_string(g.tile_cols) + ")");
+    require(g.tile_rows >= 1 && g.tile_cols >= 1, errc::invalid_argument, [&] {
+      return "grouping: tile sizes must be >= 1, got (" + std::to_string(g.tile_rows) + ", " +
+             std::to_string(g.tile_cols) + ")";
+    });
 }
 
 // A block or tile that reaches past the matrix is one group of its whole extent. Clamping the
@@ -82,9 +86,10 @@ grouping clamp_to(grouping g, const matrix_shape& m) {
 }
 
 void require_numel(const tensor_view& v, const char* arg, std::int64_t n, const char* what) {
-  require(v.numel() == n, errc::invalid_argument,
-          std::string(arg) + ": expected " + std::to_string(n) + " elements (" + what +
-              ") but got shape " + v.shape_string());
+  require(v.numel() == n, errc::invalid_argument, [&] {
+    return std::string(arg) + ": expected " + std::to_string(n) + " elements (" + what +
+           ") but got shape " + v.shape_string();
+  });
 }
 
 // Common checks of x and codes; returns the matrix readings.
@@ -98,10 +103,10 @@ void check_x_codes(const tensor_view& x, const tensor_view& codes, const target&
   xm = as_matrix(x, "x");
   cm = as_matrix(codes, "codes");
   if (transpose) {
-    require(cm.rows == xm.cols && cm.cols == xm.rows, errc::invalid_argument,
-            "codes: with transpose, codes must be the " + std::to_string(xm.cols) + " x " +
-                std::to_string(xm.rows) + " transpose of x (got shape " + codes.shape_string() +
-                ")");
+    require(cm.rows == xm.cols && cm.cols == xm.rows, errc::invalid_argument, [&] {
+      return "codes: with transpose, codes must be the " + std::to_string(xm.cols) + " x " +
+             std::to_string(xm.rows) + " transpose of x (got shape " + codes.shape_string() + ")";
+    });
   } else {
     require_same_shape(x, "x", codes, "codes");
   }
@@ -257,7 +262,7 @@ void check_mx_target(const target& t, std::int64_t block, const char* fn) {
                     "int8)");
   }
   require(block >= 1, errc::invalid_argument,
-          "block: must be >= 1 (OCP MX uses 32), got " + std::to_string(block));
+          [&] { return "block: must be >= 1 (OCP MX uses 32), got " + std::to_string(block); });
 }
 } // namespace
 

@@ -12,7 +12,7 @@ namespace lowbit::kernels {
 
 dtype residual_dtype(int bits) {
   require(bits >= 1 && bits <= 16, errc::invalid_argument,
-          "residual: bits = " + std::to_string(bits) + " is outside [1, 16]");
+          [&] { return "residual: bits = " + std::to_string(bits) + " is outside [1, 16]"; });
   return bits <= 8 ? dtype::int8 : dtype::int16;
 }
 
@@ -28,16 +28,18 @@ residual_problem checked(const char* fn, const tensor_view& x, const tensor_view
   require_valid(r, "residual");
   require_dtype(x, xn, {dtype::float32});
   require_dtype(w, "weight", {dtype::bfloat16, dtype::float16});
-  require(r.type == rt, errc::invalid_type,
-          f + "residual: dtype " + dtype_name(r.type) + "; a " + std::to_string(bits) +
-              "-bit residual is stored as " + dtype_name(rt));
+  require(r.type == rt, errc::invalid_type, [&] {
+    return f + "residual: dtype " + dtype_name(r.type) + "; a " + std::to_string(bits) +
+           "-bit residual is stored as " + dtype_name(rt);
+  });
   require_contiguous(x, xn);
   require_contiguous(w, "weight");
   require_contiguous(r, "residual");
-  require(x.numel() == w.numel() && r.numel() == w.numel(), errc::invalid_argument,
-          f + std::string(xn) + ", weight and residual have " + std::to_string(x.numel()) + ", " +
-              std::to_string(w.numel()) + " and " + std::to_string(r.numel()) +
-              " elements; expected one count");
+  require(x.numel() == w.numel() && r.numel() == w.numel(), errc::invalid_argument, [&] {
+    return f + std::string(xn) + ", weight and residual have " + std::to_string(x.numel()) + ", " +
+           std::to_string(w.numel()) + " and " + std::to_string(r.numel()) +
+           " elements; expected one count";
+  });
   require_same_device(w, "weight", x, xn);
   require_same_device(w, "weight", r, "residual");
   if (w.dev.type == device_type::cuda && w.numel() > 0)

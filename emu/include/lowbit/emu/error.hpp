@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace lowbit {
 
@@ -23,10 +24,20 @@ private:
   errc code_;
 };
 
-// Throws error(code, what) unless cond holds.
+// Throws error(code, what) unless cond holds. `what` is a message, or a function that returns
+// one, called only when cond fails: checks on every call's hot path build no strings.
+inline void require(bool cond, errc code, const char* what) {
+  if (!cond)
+    throw error(code, what);
+}
 inline void require(bool cond, errc code, const std::string& what) {
   if (!cond)
     throw error(code, what);
+}
+template <class Message, class = decltype(std::string(std::declval<Message&>()()))>
+void require(bool cond, errc code, Message&& what) {
+  if (!cond)
+    throw error(code, what());
 }
 
 } // namespace lowbit

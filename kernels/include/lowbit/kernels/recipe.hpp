@@ -79,19 +79,23 @@ inline void check(const linear_recipe& r) {
       const std::string at = r.name + ": " + slot + "." + which;
       require(op->scaling == scaling_mode::current ||
                   (op->granularity == scale_granularity::tensor && fp8(op->fmt)),
-              errc::invalid_argument, at + ": delayed scaling is for tensor-wise fp8 operands");
+              errc::invalid_argument,
+              [&] { return at + ": delayed scaling is for tensor-wise fp8 operands"; });
       require(op->granularity != scale_granularity::mx || fp8(op->fmt), errc::invalid_argument,
-              at + ": MX blocks are for fp8 operands");
-      require(op->block >= 0, errc::invalid_argument, at + ": negative block length");
+              [&] { return at + ": MX blocks are for fp8 operands"; });
+      require(op->block >= 0, errc::invalid_argument,
+              [&] { return at + ": negative block length"; });
     }
     const auto ka = mm->a.block_shape().second, kb = mm->b.block_shape().second;
     require(ka == 0 || kb == 0 || ka == kb, errc::invalid_argument,
-            r.name + ": " + slot + ": the operands' K blocks differ");
+            [&] { return r.name + ": " + slot + ": the operands' K blocks differ"; });
   }
-  require(r.amax_history >= 1, errc::invalid_argument, r.name + ": amax_history below 1");
+  require(r.amax_history >= 1, errc::invalid_argument,
+          [&] { return r.name + ": amax_history below 1"; });
   if (r.accumulation)
     require(emu::is_valid(*r.accumulation) && r.accumulation->kind != emu::accumulation_kind::exact,
-            errc::invalid_argument, r.name + ": the accumulation model is invalid or exact");
+            errc::invalid_argument,
+            [&] { return r.name + ": the accumulation model is invalid or exact"; });
 }
 
 // Hopper's fp8 accumulation as the H200 probes pinned it (fp8-training.md, "Hopper's
