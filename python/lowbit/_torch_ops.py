@@ -40,6 +40,7 @@ import torch
 
 import lowbit
 from lowbit import _core
+from lowbit._interop import torch_stream
 
 # Code dtypes of the targets the layers quantize to (anything else reaches the kernels, which
 # say why they refuse it; the fake then guesses uint8, the dtype of every 8-bit format).
@@ -85,14 +86,17 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def _allocator(device: torch.device):
-    def empty(shape, dtype: str) -> torch.Tensor:
-        return torch.empty(tuple(shape), dtype=_DTYPES[dtype], device=device)
+    def empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:  # the module passes a tuple
+        return torch.empty(shape, dtype=_DTYPES[dtype], device=device)
 
     return empty
 
 
 def _stream(device: torch.device) -> int:
-    return int(torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else 0
+    if device.type != "cuda":
+        return 0
+    return torch_stream(torch, torch.cuda.current_device() if device.index is None else
+                        device.index)
 
 
 def _on_device(device: torch.device):

@@ -358,29 +358,49 @@ std::optional<dtype> torch_dtype(py::handle dt, std::string& name) {
 // Python layer's interop and lowbit.nn), and DLPack would order nothing on it either. Returns
 // false, taking nothing, where DLPack must decide (tensors that need a gradient, negative views,
 // devices other than CPU and CUDA, dtypes outside the table), so that errors stay DLPack's.
+//
+// The attribute names are interned Python strings made once (and never freed: the module may be
+// called until the interpreter ends), so that no lookup builds a string from a C one.
+struct tensor_attributes {
+  py::handle requires_grad = PyUnicode_InternFromString("requires_grad");
+  py::handle is_neg = PyUnicode_InternFromString("is_neg");
+  py::handle is_cuda = PyUnicode_InternFromString("is_cuda");
+  py::handle is_cpu = PyUnicode_InternFromString("is_cpu");
+  py::handle dtype = PyUnicode_InternFromString("dtype");
+  py::handle get_device = PyUnicode_InternFromString("get_device");
+  py::handle shape = PyUnicode_InternFromString("shape");
+  py::handle stride = PyUnicode_InternFromString("stride");
+  py::handle data_ptr = PyUnicode_InternFromString("data_ptr");
+};
+const tensor_attributes& attribute_names() {
+  static const tensor_attributes* names = new tensor_attributes;
+  return *names;
+}
+
 bool take_torch(array_arg& a, py::handle obj, const dtype_rule& rule) {
-  if (obj.attr("requires_grad").cast<bool>() || obj.attr("is_neg")().cast<bool>())
+  const tensor_attributes& at = attribute_names();
+  if (obj.attr(at.requires_grad).cast<bool>() || obj.attr(at.is_neg)().cast<bool>())
     return false;
-  const bool cuda = obj.attr("is_cuda").cast<bool>();
-  if (!cuda && !obj.attr("is_cpu").cast<bool>())
+  const bool cuda = obj.attr(at.is_cuda).cast<bool>();
+  if (!cuda && !obj.attr(at.is_cpu).cast<bool>())
     return false;
   std::string dt_name;
-  const std::optional<dtype> t = torch_dtype(obj.attr("dtype"), dt_name);
+  const std::optional<dtype> t = torch_dtype(obj.attr(at.dtype), dt_name);
   if (!t)
     return false;
   rule.check(a.name, t, dt_name);
-  a.dev = cuda ? dlpack_device(a.name, dlpack::cuda, obj.attr("get_device")().cast<std::int32_t>())
+  a.dev = cuda ? dlpack_device(a.name, dlpack::cuda, obj.attr(at.get_device)().cast<std::int32_t>())
                : kernels::device{kernels::device_type::cpu, 0};
   a.type = *t;
-  const py::tuple shape = obj.attr("shape");
-  const py::tuple strides = obj.attr("stride")();
+  const py::tuple shape = obj.attr(at.shape);
+  const py::tuple strides = obj.attr(at.stride)();
   a.shape.resize(shape.size());
   a.strides.resize(shape.size());
   for (std::size_t k = 0; k < shape.size(); ++k) {
     a.shape[k] = shape[k].cast<std::int64_t>();
     a.strides[k] = a.shape[k] <= 1 ? 0 : strides[k].cast<std::int64_t>();
   }
-  a.data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<std::uintptr_t>());
+  a.data = reinterpret_cast<void*>(obj.attr(at.data_ptr)().cast<std::uintptr_t>());
   a.owner = py::reinterpret_borrow<py::object>(obj);
   finish(a, static_cast<std::int64_t>(kernels::dtype_size(a.type)));
   return true;

@@ -35,6 +35,7 @@ import torch
 
 from lowbit import _core
 from lowbit._blockwise import Codebook, dequantize_blockwise, quantize_blockwise
+from lowbit._interop import torch_stream
 from lowbit.optim import _distributed as _dist
 
 __all__ = ["LowbitOptimizer", "override", "residual_split", "residual_join"]
@@ -55,7 +56,6 @@ def _check_master(master: Any) -> None:
         raise ValueError(f"master_weights={master!r}; expected None, 'residual16' or 'residual8'")
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _on_stream(device: torch.device, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -65,8 +65,7 @@ def _on_stream(device: torch.device, fn: Callable[..., Any], args: tuple[Any, ..
     step per parameter inside the backward pass makes this call hundreds of times a step)."""
     current = torch.cuda.current_device()
     index = device.index if device.index is not None else current
-    stream = _raw_stream(index) if _raw_stream is not None else \
-        int(torch.cuda.current_stream(index).cuda_stream)
+    stream = torch_stream(torch, index)
     if current == index:
         fn(*args, stream, **kwargs)
         return
