@@ -7,6 +7,7 @@ what the workers return with single-process runs of the same functions in the te
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -26,7 +27,7 @@ DEADLINE = 150
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, folder: str, args: tuple) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # as like_a_worker below
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=world)
     try:
@@ -38,6 +39,22 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, folder: str, args: tup
         raise
     finally:
         dist.destroy_process_group()
+
+
+def like_a_worker(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn run in this process with one torch thread, as the spawned ranks run: the sums of a
+    CPU matmul (a gradient) may be split by the thread count, so the single-process references
+    that the ranks' results are compared with bit for bit run with the ranks' thread count."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
 
 
 def spawn(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
@@ -186,6 +203,7 @@ def local_grads(net: torch.nn.Module, step: int, world: int) -> list[dict[str, t
     return out
 
 
+@like_a_worker
 def ddp_reference(world: int, opt_name: str, steps: int) -> dict:
     """The single-process run on the same global batches, the gradients of the ranks' slices
     averaged in rank order (ordered_mean_hook's order)."""
@@ -301,6 +319,7 @@ def fsdp_worker(rank: int, world: int, names: list[str], steps: int) -> dict:
     return out
 
 
+@like_a_worker
 def plain_given_grads(name: str, steps: int) -> dict:
     net = mlp(0)
     opt = make_opt(name, net.parameters())
@@ -353,6 +372,7 @@ def ckpt_load_worker(rank: int, world: int, name: str, path: str, steps: int,
     return {"loaded": loaded, "final": snapshot(net, opt), "rng_offset": opt.rng_offset}
 
 
+@like_a_worker
 def ckpt_load_single(name: str, path: str, steps: int, more: int) -> dict:
     """The same into a plain (unsharded) model and optimizer in this process."""
     net = mlp(1)
