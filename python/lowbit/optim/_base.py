@@ -336,21 +336,25 @@ class LowbitOptimizer(torch.optim.Optimizer):
         checked once and cached while param's storage (address, dtype, size) and p's state tensors
         stay the same:
         (numel, dtype code, state pointers, 8-bit, residual pointer, residual bits, the objects
-        the pointers point into)."""
-        objs = tuple(st[name] for name, _ in specs) + (st.get("residual"),)
-        # The storage as the kernel sees it: a tensor put in p.data later may reuse the address.
-        key = (param.data_ptr(), param.dtype, param.numel())
+        the pointers point into, whether p is sharded)."""
+        objs = [st[name] for name, _ in specs]
+        objs.append(st.get("residual"))
+        # The storage as the kernel sees it (a tensor put in p.data later may reuse the address)
+        # and the state objects by id: the cached plan holds the objects it was made from, so
+        # no other object can have their ids while it is cached.
+        key = (param.data_ptr(), param.dtype, param.numel(), *map(id, objs))
         cached = self._fields.get(p)
-        if cached is not None and cached[0] == key and len(cached[1]) == len(objs) and \
-                all(a is b for a, b in zip(cached[1], objs)):
+        if cached is not None and cached[0] == key:
             return cached[2]
+        objs = tuple(objs)
         code = _DTYPE_CODES.get(p.dtype)
         if code is None:
             raise TypeError(f"{type(self).__name__}: parameter dtype {p.dtype} is not "
                             "supported; expected float32, bfloat16 or float16")
         ptrs, eight = self._state_fields(param, st, specs)
         rptr, rbits = self._residual_field(p, st)
-        plan = (param.numel(), code, tuple(ptrs), eight, rptr, rbits, objs)
+        plan = (param.numel(), code, tuple(ptrs), eight, rptr, rbits, objs,
+                _dist.is_sharded(p))
         self._fields[p] = (key, objs, plan)
         return plan
 
@@ -365,7 +369,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         who = type(self).__name__
         # One call per (device, step): a group's parameters normally share both.
         buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
-        keep: list[torch.Tensor] = []  # what the raw pointers point into, until the calls return
+        keep: list[Any] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         empty = 0  # empty shards, counted as items for the Philox offset (the same on all ranks)
         for p in group["params"] if params is None else params:
@@ -374,13 +378,15 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 continue
             if grad.is_sparse:
                 raise RuntimeError(f"{who} does not support sparse gradients")
-            _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
             st = self.state[p]
             if "step" not in st:
+                _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
                 st = self._init_state(p, group)
-            step = st["step"] = int(st["step"]) + 1
             param = _dist.local(p)  # a DTensor's (FSDP2's) local shard, else p itself
-            n, code, ptrs, eight, rptr, rbits, objs = self._plan(p, param, st, specs)
+            n, code, ptrs, eight, rptr, rbits, objs, sharded = self._plan(p, param, st, specs)
+            if sharded:  # what the kernels cannot do on a shard, refused before any update
+                _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
+            step = st["step"] = int(st["step"]) + 1
             if n == 0:  # an empty shard: nothing to update
                 empty += 1
                 continue
@@ -398,8 +404,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 grad = grad.contiguous()
             if q != 100:
                 grad = self._clipped(st, grad, q)
-            keep += [param, grad]
-            keep += objs
+            keep.append((param, grad, objs))
             buckets.setdefault((device, step), []).append(
                 (param.data_ptr(), grad.data_ptr(), *ptrs, n, code, eight, rptr, rbits))
         if buckets:
