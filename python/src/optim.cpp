@@ -76,9 +76,9 @@ void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, t
   }
 }
 
-// LAMB's and LARS' trust-ratio settings and RMSprop's centered flag (keyword arguments of both
-// entries below).
-struct trust_args {
+// The keyword arguments of both entries below: LAMB's and LARS' trust-ratio settings and
+// RMSprop's centered flag.
+struct keyword_args {
   double max_trust_ratio, trust_coefficient;
   bool adapt, bias_correction, centered;
 };
@@ -86,7 +86,7 @@ struct trust_args {
 // The hyper-parameters and the configuration of one step, as both entries below take them.
 k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, double weight_decay,
                             double momentum, double dampening, bool nesterov, double lr_decay,
-                            bool maximize, std::int64_t step, const trust_args& tr) {
+                            bool maximize, std::int64_t step, const keyword_args& kw) {
   k::optim_hparams h;
   h.lr = lr;
   h.beta1 = beta1;
@@ -99,11 +99,11 @@ k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, d
   h.lr_decay = lr_decay;
   h.maximize = maximize;
   h.step = step;
-  h.max_trust_ratio = tr.max_trust_ratio;
-  h.trust_coefficient = tr.trust_coefficient;
-  h.adapt = tr.adapt;
-  h.bias_correction = tr.bias_correction;
-  h.centered = tr.centered;
+  h.max_trust_ratio = kw.max_trust_ratio;
+  h.trust_coefficient = kw.trust_coefficient;
+  h.adapt = kw.adapt;
+  h.bias_correction = kw.bias_correction;
+  h.centered = kw.centered;
   return h;
 }
 
