@@ -185,6 +185,8 @@ class LinearRecipe:
                         raise ValueError(f"{slot}: {tensor} is delayed-scaled to "
                                          f"{delayed_fmt[tensor]} elsewhere; one delayed scale "
                                          f"per tensor (got {op.fmt})")
+        # Asked by every step of the layer (delayed, delayed_format): computed once here.
+        object.__setattr__(self, "_delayed", delayed_fmt)
         if self.save_quantized_input:
             if self.forward.a.granularity != "rows" or not self.forward.quantized or \
                     self.grad_weight.quantized:
@@ -209,21 +211,11 @@ class LinearRecipe:
 
     def delayed_format(self, tensor: str) -> Optional[str]:
         """The format that tensor "X", "W" or "G" is delayed-scaled to (None if it is not)."""
-        for slot, specs in _SLOTS.items():
-            mm = getattr(self, slot)
-            for op, (t, _) in zip((mm.a, mm.b), specs):
-                if t == tensor and mm.quantized and op.scaling == "delayed":
-                    return op.fmt
-        return None
+        return self._delayed.get(tensor)
 
     def delayed(self, tensor: str) -> bool:
         """Whether tensor "X", "W" or "G" is delayed-scaled in any matmul."""
-        for slot, specs in _SLOTS.items():
-            mm = getattr(self, slot)
-            for op, (t, _) in zip((mm.a, mm.b), specs):
-                if t == tensor and mm.quantized and op.scaling == "delayed":
-                    return True
-        return False
+        return tensor in self._delayed
 
 
 IDENTITY = LinearRecipe("identity")
