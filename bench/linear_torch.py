@@ -7,7 +7,10 @@ tensorwise and rowwise recipes, under torch.compile as torchao intends) where to
 
 Each row: the median time of one forward + backward (the input gradient, the weight gradient and
 the bias gradient all computed), CUDA events around each iteration, after warm-up; `vs_bf16` is
-bf16 nn.Linear's time over the row's time (above 1: faster). Shapes: tokens x in -> out for the
+bf16 nn.Linear's time over the row's time (above 1: faster). Each iteration starts on an idle
+GPU, so a layer whose host work exceeds its GPU work shows the host's time; `queued_ms` is the
+mean of the same number of iterations queued back to back (CUDA events around all of them), the
+steady state of a model whose layers follow each other, and `queued_vs_bf16` its ratio. Shapes: tokens x in -> out for the
 MLP's two layers (1280 -> 5120, 5120 -> 1280) and an attention projection (1280 -> 1280).
 """
 
@@ -25,14 +28,23 @@ from torch_baselines import median_ms  # bench/ is the script's directory: CUDA-
 SHAPES = [(1280, 5120), (5120, 1280), (1280, 1280)]
 
 
-def time_fwd_bwd(fn, x, grad, iters: int) -> float:
-    """Median milliseconds of fn(x).backward(grad), x's gradient cleared before each."""
+def time_fwd_bwd(fn, x, grad, iters: int) -> tuple[float, float]:
+    """Milliseconds of fn(x).backward(grad), x's gradient cleared before each: the median of
+    iterations timed one by one, and the mean of `iters` iterations queued back to back."""
 
     def step() -> None:
         x.grad = None
         fn(x).backward(grad)
 
-    return median_ms(step, reps=iters)
+    one_by_one = median_ms(step, reps=iters)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        step()
+    b.record()
+    b.synchronize()
+    return one_by_one, a.elapsed_time(b) / iters
 
 
 def time_call(fn, iters: int) -> float:
@@ -89,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         base = nn.Linear(fin, fout, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(a.tokens, fin, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         grad = torch.randn(a.tokens, fout, device="cuda", dtype=torch.bfloat16)
-        t_bf16 = time_fwd_bwd(base, x, grad, a.iters)
+        t_bf16, q_bf16 = time_fwd_bwd(base, x, grad, a.iters)
         flop = 6.0 * a.tokens * fin * fout
         rows.append({"shape": f"{a.tokens}x{fin}->{fout}", "layer": "bf16_nn_linear",
-                     "ms": t_bf16, "vs_bf16": 1.0, "tflops": flop / t_bf16 / 1e9})
+                     "ms": t_bf16, "vs_bf16": 1.0, "tflops": flop / t_bf16 / 1e9,
+                     "queued_ms": q_bf16, "queued_vs_bf16": 1.0})
         layers = lowbit_layers(fin, fout, base)
         peers, note = torchao_layers(fin, fout, base)
         if note not in notes:
@@ -100,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         layers.update(peers)
         for name, m in layers.items():
             try:
-                t = time_fwd_bwd(m, x, grad, a.iters)
+                t, q = time_fwd_bwd(m, x, grad, a.iters)
             except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
                 rows.append({"shape": f"{a.tokens}x{fin}->{fout}", "layer": name,
                              "error": f"{type(e).__name__}: {e}"[:300]})
                 continue
             rows.append({"shape": f"{a.tokens}x{fin}->{fout}", "layer": name, "ms": t,
-                         "vs_bf16": t_bf16 / t, "tflops": flop / t / 1e9})
+                         "vs_bf16": t_bf16 / t, "tflops": flop / t / 1e9, "queued_ms": q,
+                         "queued_vs_bf16": q_bf16 / q})
         # The quantize kernels' share: the row-wise quantization of X and G and the tensor-wise
         # quantization of W that one int8 SwitchBack step runs, timed alone.
         try:
@@ -136,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             extra = f"  quantize {100 * r['quantize_share']:.1f}%" if r.get("quantize_share") else ""
             print(f"{r['shape']:22s} {r['layer']:40s} {r['ms']:8.3f} ms  x{r['vs_bf16']:.3f} "
-                  f"{r['tflops']:7.1f} TFLOP/s{extra}")
+                  f"{r['tflops']:7.1f} TFLOP/s  queued {r['queued_ms']:8.3f} ms "
+                  f"x{r['queued_vs_bf16']:.3f}{extra}")
     return 0
 
 
