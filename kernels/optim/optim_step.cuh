@@ -672,10 +672,18 @@ __device__ __forceinline__ void block_prepass(const optim_shared& sh, const opti
     }
     // value * absmax (bops::decode less its NaN canonicalization: a NaN makes the terms
     // non-finite, which excludes the block either way).
-    if constexpr (!stable && !lars)
-      m = F::e8 ? step_tb[T0].value[code_at(w1, k)] * am : f1[k];
-    if constexpr (!lars)
-      v = F::e8 ? step_tb[1].value[code_at(w2, k)] * av : f2[k];
+    if constexpr (!stable && !lars) {
+      if constexpr (F::e8)
+        m = step_tb[T0].value[code_at(w1, k)] * am;
+      else
+        m = f1[k];
+    }
+    if constexpr (!lars) {
+      if constexpr (F::e8)
+        v = step_tb[1].value[code_at(w2, k)] * av;
+      else
+        v = f2[k];
+    }
     const d::prepass_terms e = d::prepass_values(K, sh, p, g, m, v);
     big = max(big, e.big);
     s0 = s0 + e.a;
