@@ -10,8 +10,9 @@ the bias gradient all computed), CUDA events around each iteration, after warm-u
 bf16 nn.Linear's time over the row's time (above 1: faster). Each iteration starts on an idle
 GPU, so a layer whose host work exceeds its GPU work shows the host's time; `queued_ms` is the
 mean of the same number of iterations queued back to back (CUDA events around all of them), the
-steady state of a model whose layers follow each other, and `queued_vs_bf16` its ratio. Shapes: tokens x in -> out for the
-MLP's two layers (1280 -> 5120, 5120 -> 1280) and an attention projection (1280 -> 1280).
+steady state of a model whose layers follow each other, and `queued_vs_bf16` its ratio.
+Shapes: tokens x in -> out for the MLP's two layers (1280 -> 5120, 5120 -> 1280) and an
+attention projection (1280 -> 1280).
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"{r['shape']:22s} {r['layer']:40s} ERROR {r['error']}")
         else:
-            extra = f"  quantize {100 * r['quantize_share']:.1f}%" if r.get("quantize_share") else ""
+            share = r.get("quantize_share")
+            extra = f"  quantize {100 * share:.1f}%" if share else ""
             print(f"{r['shape']:22s} {r['layer']:40s} {r['ms']:8.3f} ms  x{r['vs_bf16']:.3f} "
                   f"{r['tflops']:7.1f} TFLOP/s  queued {r['queued_ms']:8.3f} ms "
                   f"x{r['queued_vs_bf16']:.3f}{extra}")

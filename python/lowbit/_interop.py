@@ -30,17 +30,20 @@ import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from lowbit import _core
 
-def torch_stream(torch: Any, index: int) -> int:
-    """The raw handle of torch's current stream on CUDA device `index`, as an int: from
+def torch_stream(torch: Any, index: Optional[int]) -> int:
+    """The raw handle of torch's current stream on CUDA device `index` (None: the current
+    device, as in a torch.device("cuda") without an index), as an int: from
     torch._C._cuda_getCurrentRawStream where this torch has it (under a microsecond; building
     the torch.cuda.Stream object of torch.cuda.current_stream costs about 6 us of host time a
     call, several times per layer step), else through the public API."""
+    if index is None:
+        index = torch.cuda.current_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return int(raw(index))
@@ -224,10 +227,7 @@ class _Torch(_Backend):
     def stream(self) -> int:
         if self.device.type != "cuda":
             return 0
-        index = self.device.index
-        if index is None:
-            index = self.torch.cuda.current_device()
-        return torch_stream(self.torch, index)
+        return torch_stream(self.torch, self.device.index)
 
     def _dtype(self, dtype: str) -> Any:
         t = getattr(self.torch, dtype, None)

@@ -95,8 +95,7 @@ def _allocator(device: torch.device):
 def _stream(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
-    return torch_stream(torch, torch.cuda.current_device() if device.index is None else
-                        device.index)
+    return torch_stream(torch, device.index)
 
 
 def _on_device(device: torch.device):

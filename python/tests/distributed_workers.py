@@ -24,10 +24,12 @@ import lowbit.optim as lo
 # Every spawned group must finish within this (seconds); then its processes are killed and the
 # test fails instead of hanging.
 DEADLINE = 150
+# torch threads of each spawned rank, and of the single-process references (like_a_worker).
+WORKER_THREADS = 1
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, folder: str, args: tuple) -> None:
-    torch.set_num_threads(1)  # as like_a_worker below
+    torch.set_num_threads(WORKER_THREADS)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=world)
     try:
@@ -42,13 +44,13 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, folder: str, args: tup
 
 
 def like_a_worker(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn run in this process with one torch thread, as the spawned ranks run: the sums of a
+    """fn run in this process with the ranks' torch threads (WORKER_THREADS): the sums of a
     CPU matmul (a gradient) may be split by the thread count, so the single-process references
     that the ranks' results are compared with bit for bit run with the ranks' thread count."""
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(WORKER_THREADS)
         try:
             return fn(*args, **kwargs)
         finally:

@@ -379,12 +379,13 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if grad.is_sparse:
                 raise RuntimeError(f"{who} does not support sparse gradients")
             st = self.state[p]
-            if "step" not in st:
+            first = "step" not in st
+            if first:  # refused before its states are made
                 _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
                 st = self._init_state(p, group)
             param = _dist.local(p)  # a DTensor's (FSDP2's) local shard, else p itself
             n, code, ptrs, eight, rptr, rbits, objs, sharded = self._plan(p, param, st, specs)
-            if sharded:  # what the kernels cannot do on a shard, refused before any update
+            if sharded and not first:  # a group's settings may have changed since
                 _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
             step = st["step"] = int(st["step"]) + 1
             if n == 0:  # an empty shard: nothing to update
