@@ -54,8 +54,13 @@ template <class In> void quantize_elements(const actquant_problem& p, const exec
     std::int64_t i = b;
     while (i < e) {
       const std::int64_t g = p.group(i);
-      const ops::estimate est{p.alpha[g], p.beta[g]};
+      const ops::step est = ops::step_of({p.alpha[g], p.beta[g]});
       const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
+      if (p.pol.round == emu::rounding::nearest_even) {
+        for (; i < end; ++i)
+          codes[i] = ops::quantize_nearest(element_ops::load(x[i]), est);
+        continue;
+      }
       if (!stochastic) {
         for (; i < end; ++i)
           codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, 0u);
@@ -83,7 +88,7 @@ void dequantize_elements(const actquant_problem& p, const exec& ex, Store store)
       const ops::estimate est{p.alpha[g], p.beta[g]};
       const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
       for (; i < end; ++i)
-        out[i] = store(ops::dequantize(codes[i], est));
+        out[i] = store(ops::canonical(ops::dequantize(codes[i], est)));
     }
   });
 }

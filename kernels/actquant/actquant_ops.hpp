@@ -3,6 +3,7 @@
 // running estimates, and the quantization and dequantization of one element.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <lowbit/emu/convert.hpp>
@@ -69,17 +70,48 @@ LOWBIT_HD LOWBIT_INLINE constexpr estimate update(estimate old, minmax mm, float
   return {na + ma, nb + mb};
 }
 
-// The code of one element (0..255).
-LOWBIT_HD LOWBIT_INLINE constexpr std::uint8_t quantize(float x, estimate e, const emu::policy& p,
-                                                        std::uint32_t rbits) {
+// What a group's codes are computed from: t = fl(fl(fl(x - beta) s) r) with r = fl(1 / (alpha s)),
+// one reciprocal per group in place of a division per element. s = 2^64 where |alpha| < 2^-126
+// (the reciprocal of a subnormal alpha could overflow), else 1: multiplying by it is exact short
+// of overflow, and an overflow saturates the code either way. alpha 0 gives r = Inf and, like the
+// division, codes 0 (x == beta: 0 * Inf is NaN) or 255.
+struct step {
+  float beta, s, r;
+};
+LOWBIT_HD LOWBIT_INLINE constexpr step step_of(estimate e) {
+  constexpr float min_normal = 1.17549435e-38f, big = 18446744073709551616.0f; // 2^-126, 2^64
+  const float s = e.alpha > -min_normal && e.alpha < min_normal ? big : 1.0f;
+  return {e.beta, s, 1.0f / (e.alpha * s)};
+}
+LOWBIT_HD LOWBIT_INLINE constexpr float position(float x, const step& st) {
+  const float d = x - st.beta;
+  return (d * st.s) * st.r;
+}
+
+// The code of one element (0..255) under policy p: emu::quantize_int of its position.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint8_t quantize(float x, const step& st,
+                                                        const emu::policy& p, std::uint32_t rbits) {
   constexpr emu::int_format u8 = emu::uint8;
-  const float t = (x - e.beta) / e.alpha;
-  return static_cast<std::uint8_t>(emu::quantize_int(u8, t, p, rbits));
+  return static_cast<std::uint8_t>(emu::quantize_int(u8, position(x, st), p, rbits));
+}
+// The same for nearest-even in fewer operations: the position clamped by maxNum / minNum (a NaN
+// position clamps to 0, the code quantize_int gives it), then rounded half-even by adding
+// 1.5 * 2^23, which leaves the integer in the low bits.
+LOWBIT_HD LOWBIT_INLINE std::uint8_t quantize_nearest(float x, const step& st) {
+  const float c = fminf(fmaxf(position(x, st), 0.0f), code_max);
+  return static_cast<std::uint8_t>(bit_cast<std::uint32_t>(c + 12582912.0f));
 }
 
 LOWBIT_HD LOWBIT_INLINE constexpr float dequantize(std::uint8_t code, estimate e) {
   const float v = static_cast<float>(code) * e.alpha;
   return v + e.beta;
+}
+// What a dequantized value is stored as: a NaN (from a NaN or infinite alpha or beta) as the
+// positive quiet NaN, whose bits, unlike a NaN's payload through arithmetic, every processor
+// agrees on.
+inline constexpr std::uint32_t quiet_nan_bits = 0x7FC00000u;
+LOWBIT_HD LOWBIT_INLINE constexpr float canonical(float v) {
+  return v != v ? bit_cast<float>(quiet_nan_bits) : v;
 }
 
 // The stored forms of a dequantized value.
@@ -109,6 +141,57 @@ struct group_of {
                                        static_cast<std::uint32_t>(r) %
                                        static_cast<std::uint32_t>(gs));
     return (i / run) % groups;
+  }
+};
+
+// Division of 32-bit unsigned integers by a divisor d fixed at construction (on the host):
+// q = floor(n / d) for every n < 2^32 from a multiply-high, an add and two shifts (Granlund and
+// Montgomery, "Division by invariant integers using multiplication", 1994, figure 4.1:
+// l = ceil(log2 d), m = floor(2^32 (2^l - d) / d) + 1), where the hardware division is a
+// sequence of some twenty instructions.
+struct u32_divider {
+  std::uint32_t d = 1, m = 1;
+  int s1 = 0, s2 = 0;
+  static constexpr u32_divider of(std::uint32_t d) {
+    int l = 0;
+    while ((std::uint64_t{1} << l) < d)
+      ++l;
+    u32_divider v;
+    v.d = d;
+    v.m = static_cast<std::uint32_t>(
+        ((std::uint64_t{1} << 32) * ((std::uint64_t{1} << l) - d)) / d + 1);
+    v.s1 = l < 1 ? l : 1;
+    v.s2 = l > 1 ? l - 1 : 0;
+    return v;
+  }
+  LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t div(std::uint32_t n) const {
+    const auto t = static_cast<std::uint32_t>((std::uint64_t{m} * n) >> 32); // mul.hi on GPUs
+    return (t + ((n - t) >> s1)) >> s2;
+  }
+};
+static_assert(u32_divider::of(7).div(4294967295u) == 613566756u &&
+              u32_divider::of(1).div(12345u) == 12345u &&
+              u32_divider::of(4294967295u).div(4294967294u) == 0u &&
+              u32_divider::of(12608).div(12608u * 300u + 12607u) == 300u);
+
+// group_of for indices below 2^32 by two such divisions (the kernels' form of it): the run's
+// number q = i / run, its group q % groups, and the run's first index q * run.
+struct group_divider {
+  u32_divider run, groups;
+  static constexpr group_divider of(const group_of& g) {
+    return {u32_divider::of(static_cast<std::uint32_t>(g.run)),
+            u32_divider::of(static_cast<std::uint32_t>(g.groups))};
+  }
+  // Whether of(g) is exact for a tensor of n elements.
+  static constexpr bool fits(const group_of& g, std::int64_t n) {
+    return n <= (std::int64_t{1} << 32) && g.run < (std::int64_t{1} << 32) &&
+           g.groups < (std::int64_t{1} << 32);
+  }
+  LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t run_of(std::uint32_t i) const {
+    return run.div(i);
+  }
+  LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t group_of_run(std::uint32_t q) const {
+    return q - groups.div(q) * groups.d;
   }
 };
 

@@ -70,6 +70,26 @@ template <class In, class Out> struct flat_shape {
   static_assert(C % 4 == 0, "chunks hold whole Philox blocks (four elements)");
 };
 
+// The random bits of the C elements from index i (rng.bits of each): one Philox block per four
+// where C is a multiple of 4 (i then one too), else one evaluation per element.
+template <int C>
+__device__ __forceinline__ void random_bits(const emu::random_stream& rng, std::int64_t i,
+                                            std::uint32_t (&r)[C]) {
+  if constexpr (C % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < C; h += 4) {
+      const emu::philox_block b = rng.block(static_cast<std::uint64_t>(i + h) >> 2);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        r[h + k] = b.v[k];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < C; ++j)
+      r[j] = rng.bits(static_cast<std::uint64_t>(i + j));
+  }
+}
+
 // Flat map over n contiguous elements; `cols` only turns the flat index into (row, col) when the
 // op asks for it (Op::needs_position), which costs a division per chunk.
 template <int C, int U, class In, class Out, class Op>
@@ -91,15 +111,8 @@ __global__ void __launch_bounds__(map_threads)
       for (int u = 0; u < U; ++u) {
         const std::int64_t i = base + (u * map_threads + threadIdx.x) * C; // a multiple of 4
         std::uint32_t r[C] = {};
-        if (stochastic) {
-#pragma unroll
-          for (int h = 0; h < C; h += 4) {
-            const emu::philox_block b = rng.block(static_cast<std::uint64_t>(i + h) >> 2);
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-              r[h + k] = b.v[k];
-          }
-        }
+        if (stochastic)
+          random_bits<C>(rng, i, r);
         std::int64_t rr = Op::needs_position ? i / cols : 0;
         std::int64_t cc = Op::needs_position ? i - rr * cols : 0;
         const auto& cop = for_chunk(op, i);
@@ -129,7 +142,8 @@ __global__ void __launch_bounds__(map_threads)
 }
 
 // 2-D map over rows x cols with row strides (in elements) for input and output. Each thread
-// walks one column position through a band of rows, so no division is needed per element.
+// walks one column position through a band of rows, so no division is needed per element; an
+// op's `at` binds each element alone (a chunk of one).
 template <class In, class Out, class Op>
 __global__ void __launch_bounds__(map_threads)
     map_2d_kernel(const In* __restrict__ in, std::int64_t in_rs, Out* __restrict__ out,
@@ -142,8 +156,8 @@ __global__ void __launch_bounds__(map_threads)
          c < cols; c += col_step) {
       const std::uint64_t i = static_cast<std::uint64_t>(r * cols + c);
       const std::uint32_t rb = stochastic ? rng.bits(i) : 0u;
-      out[r * out_rs + c] =
-          op(in[r * in_rs + c], wants_index<Op> ? static_cast<std::int64_t>(i) : r, c, rb);
+      out[r * out_rs + c] = for_chunk(op, static_cast<std::int64_t>(i))(
+          in[r * in_rs + c], wants_index<Op> ? static_cast<std::int64_t>(i) : r, c, rb);
     }
   }
 }

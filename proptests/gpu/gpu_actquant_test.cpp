@@ -121,4 +121,68 @@ TEST(gpu_actquant, equals_cpu_twin) {
     }
 }
 
+// Frozen estimates of every kind the kernels treat apart, GPU == CPU twin bit for bit: normal
+// and subnormal alphas (the reciprocal's scale), alphas whose codes overflow float32 or the
+// 16-bit outputs, alpha 0 and negative, and NaN / Inf estimates (the 16-bit outputs then take
+// the software rounding, which keeps NaN bits).
+TEST(gpu_actquant, extreme_estimates_equal_cpu_twin) {
+  LOWBIT_REQUIRE_GPU();
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::pair<float, float>> est = {{0.01f, -1.0f},
+                                                    {std::ldexp(1.0f, -140), 0.0f},
+                                                    {3 * std::ldexp(1.0f, -138), 1e-40f},
+                                                    {1e37f, 0.0f},
+                                                    {2e36f, -3e38f},
+                                                    {1e-3f, 70000.0f},
+                                                    {0.0f, 0.5f},
+                                                    {-0.25f, 2.0f},
+                                                    {nan, 0.0f},
+                                                    {1.0f, nan},
+                                                    {inf, 0.0f},
+                                                    {1.0f, -inf}};
+  const std::int64_t groups = static_cast<std::int64_t>(est.size()), inner = 96, outer = 3;
+  const std::vector<std::int64_t> shape = {outer, groups, inner};
+  const std::int64_t n = outer * groups * inner;
+  mirrored x(static_cast<std::size_t>(n) * 4), codes(static_cast<std::size_t>(n));
+  mirrored alpha(static_cast<std::size_t>(groups) * 4), beta(static_cast<std::size_t>(groups) * 4);
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> pos(-20.0, 280.0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& [a, b] = est[static_cast<std::size_t>((i / inner) % groups)];
+    const double av = std::isfinite(a) && a != 0.0f ? std::fabs(static_cast<double>(a)) : 1.0;
+    const double bv = std::isfinite(b) ? static_cast<double>(b) : 0.0;
+    float v = static_cast<float>(bv + av * pos(gen));
+    if (i % 89 == 3)
+      v = nan;
+    std::memcpy(x.host.data() + 4 * i, &v, 4);
+  }
+  for (std::int64_t g = 0; g < groups; ++g) {
+    std::memcpy(alpha.host.data() + 4 * g, &est[static_cast<std::size_t>(g)].first, 4);
+    std::memcpy(beta.host.data() + 4 * g, &est[static_cast<std::size_t>(g)].second, 4);
+  }
+  x.push();
+  alpha.push();
+  beta.push();
+  const kernels::actquant_groups gr{1, 1};
+  for (const emu::policy& pol : {emu::rne_sat, emu::stochastic(12, emu::overflow::saturate),
+                                 emu::policy{emu::rounding::toward_zero}}) {
+    for (bool gpu : {false, true})
+      kernels::actquant_quantize(shaped(x.flat(gpu, dtype::float32, n, 0), shape),
+                                 shaped(codes.flat(gpu, dtype::uint8, n, 0), shape),
+                                 alpha.flat(gpu, dtype::float32, groups),
+                                 beta.flat(gpu, dtype::float32, groups), gr, pol,
+                                 emu::random_stream{3, 4}, false, 0.9f);
+    ASSERT_EQ(codes.host, codes.pull()) << "codes";
+    for (const dtype out_t : {dtype::float32, dtype::bfloat16, dtype::float16}) {
+      mirrored out(static_cast<std::size_t>(n) * kernels::dtype_size(out_t));
+      for (bool gpu : {false, true})
+        kernels::actquant_dequantize(shaped(codes.flat(gpu, dtype::uint8, n, 0), shape),
+                                     alpha.flat(gpu, dtype::float32, groups),
+                                     beta.flat(gpu, dtype::float32, groups),
+                                     shaped(out.flat(gpu, out_t, n, 0), shape), gr);
+      ASSERT_EQ(out.host, out.pull()) << "dequantized, dtype " << static_cast<int>(out_t);
+    }
+  }
+}
+
 } // namespace

@@ -8,16 +8,19 @@
 //   (the last for results near float's underflow), and for beta (lo is exact) 2.01u |m beta| +
 //   3.01u |(1 - m) lo| + 4 * 2^-149. Without an earlier estimate, alpha within 2.01u |a*| and
 //   beta == lo exactly.
-// - codes: the twin rounds t_f = fl(fl(x - beta) / alpha), |t_f - t| <= (2u + u^2) |t| + 2^-149
-//   with t = (x - beta) / alpha exact; its code must be the reference's code of one end of that
+// - codes: the twin rounds t_f = fl(fl(fl(x - beta) s) r) with r = fl(1 / (alpha s)) and s a
+//   power of two (actquant_ops::step; the product by s is exact, or overflows where the code
+//   saturates anyway): three roundings, |t_f - t| <= (3u + 3u^2 + u^3) |t| + 2^-149 with
+//   t = (x - beta) / alpha exact; its code must be the reference's code of one end of that
 //   band (rounding is monotone in t for fixed random bits), and equal to it when both ends agree.
 // - dequantize(quantize(x)): for x inside the covered range [beta, beta + 255 alpha], |v - x| <=
-//   alpha (h + 255 (2u + u^2)) + u (255 alpha) + u (255 alpha (1 + u) + |beta|) + 2^-148 with
-//   h = 1/2 for the nearest roundings and h = 1 for the directed and stochastic ones (the code's
-//   error, the two roundings of code * alpha + beta); outside it, plus the distance to it
+//   alpha (h + 255 (3u + 3u^2 + u^3)) + u (255 alpha) + u (255 alpha (1 + u) + |beta|) + 2^-148
+//   with h = 1/2 for the nearest roundings and h = 1 for the directed and stochastic ones (the
+//   code's error, the two roundings of code * alpha + beta); outside it, plus the distance to it
 //   (saturation). A 16-bit output adds half an ulp of the value: 2^-8 |v| for bfloat16, 2^-11
 //   |v| for float16 (normal range).
 // - CPU twin with 1 thread == with many (the per-chunk reductions merge exactly).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +31,7 @@
 #include <lowbit/kernels/actquant.hpp>
 #include <lowbit/reference/actquant.hpp>
 
+#include "../../kernels/actquant/actquant_ops.hpp"
 #include "support.hpp"
 
 namespace {
@@ -48,6 +52,8 @@ rational rabs(const rational& r) {
 }
 const rational u = rational(1, 1 << 24);
 const rational tiny = rational(1) / (rational(ref::integer(1) << 149));
+// The relative error of a code's position t_f (three roundings).
+const rational position_error = 3 * u + 3 * u * u + u * u * u;
 
 struct shape_case {
   std::vector<std::int64_t> shape;
@@ -107,9 +113,10 @@ std::int64_t group_of(const shape_case& c, std::int64_t i) {
   return idx / c.g.group_size;
 }
 
-std::vector<float> gen_values(std::size_t n, bool specials) {
+// Values around 2^e0 for e0 in [e_lo, e_hi) (below -126: subnormal ones).
+std::vector<float> gen_values(std::size_t n, bool specials, int e_lo = -40, int e_hi = 40) {
   std::vector<float> v(n);
-  const int e0 = *rc::gen::inRange(-40, 40);
+  const int e0 = *rc::gen::inRange(e_lo, e_hi);
   const float shift = std::ldexp(static_cast<float>(*rc::gen::inRange(-100, 100)), e0 - 4);
   for (auto& x : v) {
     const int k = *rc::gen::inRange(0, 100);
@@ -220,15 +227,18 @@ std::vector<emu::policy> policies() {
 TEST(actquant, codes_within_derived_bound_of_reference) {
   check_property("actquant_codes_vs_reference", 300, [] {
     const shape_case c = gen_shape();
+    // One case in four at subnormal scales, where a group's reciprocal takes the scale s = 2^64.
+    const bool subnormal = *rc::gen::inRange(0, 4) == 0;
     const auto x =
-        gen_values(static_cast<std::size_t>(numel(c.shape)), *rc::gen::inRange(0, 4) == 0);
+        gen_values(static_cast<std::size_t>(numel(c.shape)), *rc::gen::inRange(0, 4) == 0,
+                   subnormal ? -150 : -40, subnormal ? -118 : 40);
     const auto pols = policies();
     const emu::policy pol = *rc::gen::elementOf(pols);
     const emu::random_stream rng{*rc::gen::arbitrary<std::uint64_t>(),
                                  *rc::gen::arbitrary<std::uint64_t>()};
     const bool update = *rc::gen::arbitrary<bool>();
     std::vector<float> alpha(static_cast<std::size_t>(c.groups)), beta(alpha.size());
-    const int e0 = *rc::gen::inRange(-40, 30);
+    const int e0 = subnormal ? *rc::gen::inRange(-150, -120) : *rc::gen::inRange(-40, 30);
     for (std::size_t g = 0; g < alpha.size(); ++g) {
       alpha[g] =
           update ? -1.0f : std::ldexp(static_cast<float>(*rc::gen::inRange(1, 1 << 20)), e0 - 20);
@@ -255,7 +265,7 @@ TEST(actquant, codes_within_derived_bound_of_reference) {
       }
       const ref::actquant_estimate e{exact_of(alpha[g]), exact_of(beta[g])};
       const rational t = (exact_of(x[i]) - e.beta) / e.alpha;
-      const rational eps = (2 * u + u * u) * rabs(t) + tiny;
+      const rational eps = position_error * rabs(t) + tiny;
       const std::uint32_t lo = ref::round_int(emu::uint8, t - eps, pol, rb);
       const std::uint32_t hi = ref::round_int(emu::uint8, t + eps, pol, rb);
       const std::uint32_t mid = ref::round_int(emu::uint8, t, pol, rb);
@@ -306,7 +316,7 @@ void check_round_trip(dtype out_t, std::size_t out_size, Store read, const ratio
     const rational xv = exact_of(x2[i]), top = b + 255 * a;
     const rational dist = xv < b ? rational(b - xv) : (xv > top ? rational(xv - top) : rational(0));
     const rational v = read(out.data(), i);
-    const rational bound = a * (h + 255 * (2 * u + u * u)) + u * 255 * a +
+    const rational bound = a * (h + 255 * position_error) + u * 255 * a +
                            u * (255 * a * (1 + u) + rabs(b)) + 2 * tiny + dist +
                            rel * (rabs(b) + 255 * a);
     RC_ASSERT(rabs(v - xv) <= bound);
@@ -458,6 +468,31 @@ TEST(actquant, first_update_initialises_from_the_batch) {
   EXPECT_EQ(codes[2], 0u);
   EXPECT_EQ(codes[3], 255u);
   EXPECT_EQ(codes[4], 0u); // below beta: saturates to 0 (no wrap-around)
+}
+
+// The kernels' group index: actquant_ops::u32_divider is floor(n / d) for every 32-bit n and d.
+TEST(actquant, divider_is_exact) {
+  const auto check = [](std::uint32_t d, std::uint32_t n) {
+    RC_ASSERT(kernels::actquant_ops::u32_divider::of(d).div(n) == n / d);
+  };
+  check_property("actquant_divider", 2000, [&] {
+    const int bits = *rc::gen::inRange(1, 33);
+    const std::uint64_t top = std::uint64_t{1} << bits;
+    const auto d = static_cast<std::uint32_t>(
+        std::max<std::uint64_t>(1, *rc::gen::arbitrary<std::uint32_t>() % top));
+    const auto n = *rc::gen::arbitrary<std::uint32_t>();
+    check(d, n);
+    // Around the multiples of d, where a wrong quotient shows first.
+    const std::uint32_t k = n / d;
+    for (const std::uint64_t m : {std::uint64_t{k} * d, std::uint64_t{k + 1} * d})
+      for (const std::int64_t e : {-1, 0, 1})
+        if (static_cast<std::int64_t>(m) + e >= 0 && m + e <= 0xFFFFFFFFu)
+          check(d, static_cast<std::uint32_t>(m + e));
+  });
+  for (const std::uint32_t d :
+       {1u, 2u, 3u, 7u, 12608u, 0x7FFFFFFFu, 0x80000000u, 0x80000001u, 0xFFFFFFFEu, 0xFFFFFFFFu})
+    for (const std::uint32_t n : {0u, 1u, d - 1, d, d + 1, 0x7FFFFFFFu, 0xFFFFFFFEu, 0xFFFFFFFFu})
+      EXPECT_EQ(kernels::actquant_ops::u32_divider::of(d).div(n), n / d) << d << " " << n;
 }
 
 TEST(actquant, bad_arguments_are_refused) {

@@ -52,8 +52,11 @@ def np_codes(x, alpha, beta, dim, groups):
     shape[dim] = c
     a = np.repeat(alpha, c // groups).reshape(shape)
     b = np.repeat(beta, c // groups).reshape(shape)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        t = ((x - b).astype(F32) / a).astype(F32)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        # actquant_ops::step: t = ((x - beta) s) r, r = 1 / (alpha s), s = 2^64 for |alpha| < 2^-126
+        s = np.where(np.abs(a) < F32(2.0 ** -126), F32(2.0 ** 64), F32(1)).astype(F32)
+        r = (F32(1) / (a * s).astype(F32)).astype(F32)
+        t = (((x - b).astype(F32) * s).astype(F32) * r).astype(F32)
     t = np.nan_to_num(t, nan=0.0, posinf=255.0, neginf=0.0)
     return np.clip(np.rint(t), 0, 255).astype(np.uint8)
 
