@@ -255,23 +255,28 @@ class MesaLinear(nn.Linear):
 
 class _PointwiseFn(torch.autograd.Function):
     """y = fn(x) with x saved in 8 bits; the backward is autograd's exact backward of fn at the
-    dequantized x (fn recomputed there, element-wise)."""
+    dequantized x: `grad(gy, xd)` where the module has it (the derivative kernel autograd itself
+    runs, without evaluating fn again), else autograd through fn recomputed at xd."""
 
     @staticmethod
-    def forward(ctx, x, quant, fn):
+    def forward(ctx, x, quant, fn, grad):
         with torch.autocast(x.device.type, enabled=False):
             y = fn(x)
         packed = quant.pack(x)
-        ctx.quant, ctx.fn, ctx.dtype = quant, fn, x.dtype
+        ctx.quant, ctx.fn, ctx.grad, ctx.dtype = quant, fn, grad, x.dtype
         ctx.save_for_backward(*packed)
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype).requires_grad_()
-        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
-            (gx,) = torch.autograd.grad(ctx.fn(xd), xd, gy)
-        return gx, None, None
+        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
+        with torch.autocast(gy.device.type, enabled=False):
+            if ctx.grad is not None:
+                return ctx.grad(gy, xd), None, None, None
+            xd.requires_grad_()
+            with torch.enable_grad():
+                (gx,) = torch.autograd.grad(ctx.fn(xd), xd, gy)
+        return gx, None, None, None
 
 
 class _Pointwise(nn.Module):
@@ -282,10 +287,13 @@ class _Pointwise(nn.Module):
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # The derivative autograd takes for _fn: gx from (gy, x), or None (autograd through _fn).
+    _grad = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _needs_saving(self, x):
             return self._fn(x)
-        return _PointwiseFn.apply(x, self.quant, self._fn)
+        return _PointwiseFn.apply(x, self.quant, self._fn, self._grad)
 
 
 class MesaGELU(_Pointwise):
@@ -298,12 +306,18 @@ class MesaGELU(_Pointwise):
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate=self.approximate)
 
+    def _grad(self, gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu_backward(gy, x, approximate=self.approximate)
+
 
 class MesaSiLU(_Pointwise):
     """nn.SiLU saving its input in 8 bits."""
 
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
+
+    def _grad(self, gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.silu_backward(gy, x)
 
 
 class _ReLUFn(torch.autograd.Function):
