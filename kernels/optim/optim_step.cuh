@@ -124,18 +124,16 @@ enum : unsigned { pf_param = 1, pf_grad = 2, pf_resid = 4, pf_s1 = 8, pf_s2 = 16
 // (cp.async.bulk.prefetch.L2: 16-byte aligned, whole 16-byte units), hence only for full blocks
 // of tensors whose buffers are 16-byte aligned (the vector bit of its form); nothing on earlier
 // GPUs.
+// prefetch_block: block b of tensor `it` (vec: its form's vector bit); prefetch_next: work block
+// wb of the call, whichever tensor holds it.
 template <int W>
-__device__ __forceinline__ void prefetch_next(const work_range<W>& range, const optim_item* items,
-                                              const std::uint8_t* forms, std::int64_t count,
-                                              std::int64_t j, std::int64_t wb, std::int64_t block,
-                                              unsigned what) {
+__device__ __forceinline__ void prefetch_block(const optim_item& it, bool vec, std::int64_t b,
+                                               std::int64_t block, unsigned what) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane_group<W>::rank() != 0 || wb >= range.last)
+  if (lane_group<W>::rank() != 0)
     return;
-  j = range.advance(items, count, j, wb);
-  const optim_item& it = items[j];
-  const std::int64_t first = (wb - it.block0) * block;
-  if ((forms[j] & 1u) == 0 || first + block > it.n)
+  const std::int64_t first = b * block;
+  if (!vec || first + block > it.n)
     return;
   const auto span = [&](const void* base, int esize) {
     const auto at = __cvta_generic_to_global(static_cast<const char*>(base) + first * esize);
@@ -154,6 +152,18 @@ __device__ __forceinline__ void prefetch_next(const work_range<W>& range, const 
     span(it.s1, se);
   if ((what & pf_s2) != 0)
     span(it.s2, se);
+#endif
+}
+template <int W>
+__device__ __forceinline__ void prefetch_next(const work_range<W>& range, const optim_item* items,
+                                              const std::uint8_t* forms, std::int64_t count,
+                                              std::int64_t j, std::int64_t wb, std::int64_t block,
+                                              unsigned what) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane_group<W>::rank() != 0 || wb >= range.last)
+    return;
+  j = range.advance(items, count, j, wb);
+  prefetch_block<W>(items[j], (forms[j] & 1u) != 0, wb - items[j].block0, block, what);
 #endif
 }
 
@@ -616,6 +626,34 @@ template <class F> __device__ __forceinline__ void with_form(unsigned n, F&& f) 
   }
 }
 
+// Runs body(f, it, vec, wb) for the group's work blocks in order, one tensor's run of them at a
+// time: the tensor is found, its item read and its form dispatched (with_form) once per run, not
+// per work block (a work block of 256 elements gives each lane eight, and that per-block work had
+// been about half of a pre-pass's instructions). The next work block is prefetched first.
+template <int W, class Body>
+__device__ __forceinline__ void for_work_blocks(const work_range<W>& range, const optim_item* items,
+                                                const std::uint8_t* forms, std::int64_t count,
+                                                std::int64_t block, unsigned reads, Body&& body) {
+  std::int64_t j = range.j;
+  for (std::int64_t wb = range.first; wb < range.last;) {
+    j = range.advance(items, count, j, wb);
+    const optim_item& it = items[j];
+    const std::int64_t next0 = j + 1 < count ? items[j + 1].block0 : range.last;
+    const std::int64_t end = next0 < range.last ? next0 : range.last;
+    const unsigned f = forms[j];
+    const bool vec = (f & 1u) != 0;
+    with_form(f >> 1, [&](auto fm) {
+      for (; wb < end; ++wb) {
+        if (wb + 1 < end)
+          prefetch_block<W>(it, vec, wb + 1 - it.block0, block, reads);
+        else
+          prefetch_next<W>(range, items, forms, count, j, wb + 1, block, reads);
+        body(fm, it, vec, j, wb);
+      }
+    });
+  }
+}
+
 // The pre-pass of one work block of tensor `it` in form F: its two partial sums (partial[2 wb],
 // partial[2 wb + 1]) or excluded_partial in the first, in the tree optim_cpu.cpp mirrors: each
 // lane sums its eight elements (lane_slots, as the step holds them) in slot order, then the lanes
@@ -725,16 +763,10 @@ __global__ void __launch_bounds__(optim_threads)
   constexpr unsigned reads = K == optimizer::stable_adamw ? pf_grad | pf_s2
                              : K == optimizer::lars       ? pf_param | pf_grad | pf_resid
                                                     : pf_param | pf_grad | pf_resid | pf_s1 | pf_s2;
-  std::int64_t j = range.j;
-  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
-    j = range.advance(items, count, j, wb);
-    prefetch_next<W>(range, items, forms, count, j, wb + 1, sh.block, reads);
-    const optim_item& it = items[j];
-    with_form(forms[j] >> 1, [&](auto f) {
-      block_prepass<W, K, decltype(f)>(sh, it, (forms[j] & 1u) != 0, wb - it.block0, wb, partial,
-                                       red);
-    });
-  }
+  for_work_blocks(range, items, forms, count, sh.block, reads,
+                  [&](auto f, const optim_item& it, bool vec, std::int64_t, std::int64_t wb) {
+                    block_prepass<W, K, decltype(f)>(sh, it, vec, wb - it.block0, wb, partial, red);
+                  });
 }
 
 // One instance per optimizer K (sh.kind): the body holds one update per tensor form, which keeps
@@ -761,27 +793,19 @@ __global__ void __launch_bounds__(optim_threads, 3)
   const int ns = NS >= 0 ? NS : sh.states;
   const unsigned reads =
       pf_param | pf_grad | pf_resid | (ns > 0 ? pf_s1 : 0u) | (ns > 1 ? pf_s2 : 0u);
-  std::int64_t j = range.j;
-  for (std::int64_t wb = range.first; wb < range.last; ++wb) {
-    j = range.advance(items, count, j, wb);
-    prefetch_next<W>(range, items, forms, count, j, wb + 1, sh.block, reads);
-    const optim_item& it = items[j];
-    const std::int64_t b = wb - it.block0;
-    float eta = sh.eta0, decay = sh.decay0;
-    if (eta_decay != nullptr) {
-      eta = eta_decay[2 * j];
-      decay = eta_decay[2 * j + 1];
-    }
-    // A block the pre-pass left out of its tensor's sums is left untouched too.
-    const bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
-    // The tensor's form (form_of) and whether its buffers take vector accesses (bit 0).
-    const unsigned f = forms[j];
-    const bool vec = (f & 1u) != 0;
-    with_form(f >> 1, [&](auto fm) {
-      using F = decltype(fm);
-      block_step<W, K, F::pk, F::rb, F::e8>(sh, it, vec, j, b, eta, decay, bad, ss, skipped);
-    });
-  }
+  for_work_blocks(range, items, forms, count, sh.block, reads,
+                  [&](auto fm, const optim_item& it, bool vec, std::int64_t j, std::int64_t wb) {
+                    using F = decltype(fm);
+                    float eta = sh.eta0, decay = sh.decay0;
+                    if (eta_decay != nullptr) {
+                      eta = eta_decay[2 * j];
+                      decay = eta_decay[2 * j + 1];
+                    }
+                    // A block the pre-pass left out of its tensor's sums is left untouched too.
+                    const bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
+                    block_step<W, K, F::pk, F::rb, F::e8>(sh, it, vec, j, wb - it.block0, eta,
+                                                          decay, bad, ss, skipped);
+                  });
 }
 
 // A tensor's form as with_form numbers it: parameter dtype and residual width, then
