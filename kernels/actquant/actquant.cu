@@ -266,17 +266,6 @@ __global__ void estimate_kernel(float* __restrict__ alpha, float* __restrict__ b
   beta[g] = e.beta;
 }
 
-// Blocks of a reduction kernel resident per SM (with the most shared memory it takes), asked
-// once per kernel and device.
-template <auto kernel> int reduce_blocks_per_sm() {
-  return once_per_device([](int) {
-    int n = 0;
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, kernel, reduce_threads, static_cast<std::size_t>(2 * shared_groups) * 4));
-    return n < 1 ? 1 : n;
-  });
-}
-
 template <class In, int C, bool Quantize, bool Nearest>
 void launch_minmax(const actquant_problem& p, cudaStream_t s) {
   const std::int64_t groups = p.group.groups;
@@ -290,7 +279,9 @@ void launch_minmax(const actquant_problem& p, cudaStream_t s) {
   constexpr auto kernel = minmax_kernel<In, C, Quantize, Nearest>;
   // One wave: as many blocks as are resident at once (a second, partial wave left most SMs
   // idle through its blocks' spans), each a span of at least a few vectors per thread.
-  const std::int64_t blocks_want = std::int64_t{sm_count()} * reduce_blocks_per_sm<kernel>();
+  const std::int64_t blocks_want =
+      std::int64_t{sm_count()} *
+      resident_blocks<kernel>(reduce_threads, static_cast<int>(2 * shared_groups) * 4);
   std::int64_t span = (nvec + blocks_want - 1) / blocks_want;
   span = std::max<std::int64_t>(span, reduce_unroll * reduce_threads);
   const std::int64_t blocks = std::max<std::int64_t>(1, (nvec + span - 1) / span);

@@ -54,16 +54,16 @@ template <class In> void quantize_elements(const actquant_problem& p, const exec
     std::int64_t i = b;
     while (i < e) {
       const std::int64_t g = p.group(i);
-      const ops::step est = ops::step_of({p.alpha[g], p.beta[g]});
+      const ops::step st = ops::step_of({p.alpha[g], p.beta[g]});
       const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
       if (p.pol.round == emu::rounding::nearest_even) {
         for (; i < end; ++i)
-          codes[i] = ops::quantize_nearest(element_ops::load(x[i]), est);
+          codes[i] = ops::quantize_nearest(element_ops::load(x[i]), st);
         continue;
       }
       if (!stochastic) {
         for (; i < end; ++i)
-          codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, 0u);
+          codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, 0u);
         continue;
       }
       // One Philox evaluation per four elements (element i draws word i % 4 of block i / 4).
@@ -71,7 +71,7 @@ template <class In> void quantize_elements(const actquant_problem& p, const exec
       for (; i < end; ++i) {
         if ((i & 3) == 0)
           blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
-        codes[i] = ops::quantize(element_ops::load(x[i]), est, p.pol, blk.v[i & 3]);
+        codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, blk.v[i & 3]);
       }
     }
   });

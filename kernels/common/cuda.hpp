@@ -86,6 +86,24 @@ int max_shared_per_block();
 // Shared memory of one multiprocessor of the current device, in bytes (cached per device).
 int max_shared_per_sm();
 
+// Blocks of `kernel` resident per SM with `block_threads` threads and `smem` bytes of dynamic
+// shared memory, after opting in to that much; asked once per kernel and device (the first
+// call's smem: give each kernel one value, the most it takes). Kernels that walk their work from
+// a grid of this many blocks per SM run no partial second wave.
+template <auto kernel> int resident_blocks(int block_threads, int smem) {
+  return once_per_device([&](int) {
+    // Opted in whatever the size: a kernel's static shared memory counts against the default
+    // 48 KiB too.
+    if (smem > 0)
+      LOWBIT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = 0;
+    LOWBIT_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
+    return n < 1 ? 1 : n;
+  });
+}
+
 // Blocks for a grid-stride loop over `work` items with `threads` per block: enough to fill the
 // device a few times over, never more than the work needs.
 inline unsigned grid_for(std::int64_t work, int threads, int blocks_per_sm = 8) {

@@ -860,24 +860,6 @@ __global__ void __launch_bounds__(flat_threads, 1)
   }
 }
 
-// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after opting
-// in to that much; asked once per kernel and device. The group-pass kernels launch about this
-// many blocks per SM, each walking many groups, so that table copies stay few and no partial
-// second wave runs.
-template <auto kernel> int resident_blocks(int block_threads, int smem) {
-  return once_per_device([&](int) {
-    // Opted in whatever the size: a kernel's static shared memory counts against the default
-    // 48 KiB too.
-    if (smem > 0)
-      LOWBIT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int n = 0;
-    LOWBIT_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, smem));
-    return std::max(n, 1);
-  });
-}
-
 inline int log2_ceil(std::int64_t v) {
   int l = 0;
   while ((std::int64_t{1} << l) < v)

@@ -821,15 +821,9 @@ unsigned form_of(const optim_item& it) {
 
 // CUDA blocks for `total` work blocks taken by groups of W warps: as many as fit on the device
 // at once (each group walks its range), fewer where there are fewer work blocks.
-// The kernel is a template argument: once_per_device caches per lambda type, which is then one
-// per kernel (kernels of one signature would otherwise share an entry).
 template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
-  const int per_sm = once_per_device([](int) {
-    int b = 0;
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, optim_threads, 0));
-    return b < 1 ? 1 : b;
-  });
-  const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
+  const std::int64_t cap =
+      static_cast<std::int64_t>(sm_count()) * resident_blocks<kernel>(optim_threads, 0);
   const std::int64_t need = (total + lane_group<W>::per_block - 1) / lane_group<W>::per_block;
   return static_cast<unsigned>(need < cap ? need : cap);
 }
