@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ namespace emu = lowbit::emu;
 struct sample {
   bool fast = false;
   std::string family;
-  std::vector<float> a, b; // the operands' values
+  std::vector<float> a, b;    // the operands' values
+  int emin_a = 0, emin_b = 0; // their formats' minimum normal exponents
   std::uint32_t bits = 0;
 };
 
@@ -50,8 +52,17 @@ std::vector<std::uint8_t> codes(const std::string& hex) {
   return c;
 }
 
-float value(std::uint8_t c) {
-  constexpr emu::format f = emu::e4m3fn;
+// The line's operand format ("a_fmt" / "b_fmt": e4m3fn, the probes' own, where the line names
+// none, or e5m2).
+emu::format format_of(const std::string& fmt) {
+  if (fmt.empty() || fmt == "e4m3fn")
+    return emu::e4m3fn;
+  if (fmt == "e5m2")
+    return emu::e5m2;
+  throw std::runtime_error("operand format " + fmt + ": expected e4m3fn or e5m2");
+}
+
+float value(std::uint8_t c, const emu::format& f) {
   return emu::decode<float>(f, c);
 }
 
@@ -62,7 +73,7 @@ std::uint32_t bits_of(float x) {
 }
 
 float replay(const emu::accumulation& m, const sample& s) {
-  emu::accumulator acc(m);
+  emu::accumulator acc(m, s.emin_a, s.emin_b);
   for (std::size_t i = 0; i < s.a.size(); ++i)
     acc.add(s.a[i], s.b[i]);
   return acc.finish();
@@ -75,12 +86,19 @@ const char* name(emu::register_rounding r) {
   return r == emu::register_rounding::toward_zero ? "toward_zero" : "nearest_even";
 }
 
+const char* name(emu::product_exponent e) {
+  switch (e) {
+  case emu::product_exponent::of_product: return "of_product";
+  case emu::product_exponent::of_operands: return "of_operands";
+  default: return "of_operand_fields";
+  }
+}
+
 void print_model(const char* what, const emu::accumulation& m) {
   std::printf("  %s: k=%d f=%d align_with_register=%d terms=%s reg=%s N=%d register_bits=%d "
               "exponent=%s\n",
               what, m.block, m.fraction_bits, m.align_with_register ? 1 : 0, name(m.terms),
-              name(m.reg), m.promote_every, m.register_bits,
-              m.exponent == emu::product_exponent::of_operands ? "of_operands" : "of_product");
+              name(m.reg), m.promote_every, m.register_bits, name(m.exponent));
 }
 
 // The model's mismatches per probe family over all of `mine`.
@@ -108,9 +126,12 @@ int main() {
     s.fast = field(line, "fast") == "true";
     s.family = field(line, "family");
     const auto a = codes(field(line, "a")), b = codes(field(line, "b"));
+    const emu::format fa = format_of(field(line, "a_fmt")), fb = format_of(field(line, "b_fmt"));
+    s.emin_a = fa.emin();
+    s.emin_b = fb.emin();
     for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-      s.a.push_back(value(a[i])); // the products are exact: e4m3 products fit float32
-      s.b.push_back(value(b[i]));
+      s.a.push_back(value(a[i], fa)); // the products are exact: fp8 products fit float32
+      s.b.push_back(value(b[i], fb));
     }
     s.bits = static_cast<std::uint32_t>(std::stoul(field(line, "result_bits")));
     samples.push_back(std::move(s));
@@ -137,7 +158,8 @@ int main() {
               for (const int n : promotions)
                 for (const int rb : register_bits)
                   for (const auto e :
-                       {emu::product_exponent::of_product, emu::product_exponent::of_operands}) {
+                       {emu::product_exponent::of_product, emu::product_exponent::of_operands,
+                        emu::product_exponent::of_operand_fields}) {
                     const emu::accumulation m = emu::block_fixed_point(k, f, align, t, r, n, rb, e);
                     std::size_t matched = 0;
                     for (const sample* s : mine) {

@@ -29,9 +29,7 @@ constexpr int tk = 32;
 constexpr int simt_threads = tile * tile;
 
 // Stands in for the accumulator where no model is asked for: the default kernel keeps no buffer.
-struct no_model {
-  __device__ explicit no_model(const emu::accumulation&) {}
-};
+struct no_model {};
 
 // Model: the sum runs through p.accumulation's emu::accumulator (the twin's object, fed the same
 // products in the same order) instead of acc = acc + prod. Blocked: block scales along K (the
@@ -49,7 +47,12 @@ __global__ void __launch_bounds__(simt_threads)
     const std::int64_t m0 = (t / tiles_n) * tile, n0 = (t % tiles_n) * tile;
     const std::int64_t m = m0 + ty, n = n0 + tx;
     acc_t acc = 0;
-    std::conditional_t<Model, emu::accumulator, no_model> model(p.accumulation);
+    auto model = [&] {
+      if constexpr (Model)
+        return gemm_accumulator(p);
+      else
+        return no_model{};
+    }();
     const bool inside = m < p.m && n < p.n; // only these read scales
     gemm_block_total total;
     std::int64_t in_block = 0, block = 0;
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(simt_threads)
       float sum;
       if constexpr (Model) {
         sum = model.finish();
-        model = emu::accumulator(p.accumulation);
+        model.restart();
       } else {
         sum = static_cast<float>(acc);
         acc = 0;
@@ -124,6 +127,7 @@ __global__ void finish_kernel(const gemm_problem p, const void* __restrict__ acc
                               std::int64_t acc_ld, bool wide_out) {
   using acc_t = std::conditional_t<Int, std::int32_t, float>;
   const std::int64_t quads = (p.n + 3) / 4, total = p.m * quads;
+  const bool scalar = gemm_scalar_scales(p);
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t m = i / quads, q = i - m * quads;
@@ -139,7 +143,7 @@ __global__ void finish_kernel(const gemm_problem p, const void* __restrict__ acc
       const std::int64_t n = n0 + j < p.n ? n0 + j : p.n - 1; // past the end: not stored
       const float r =
           gemm_epilogue(static_cast<float>(v.v[j]), sa, gemm_scale(p.b.scales, p.b.mode, n),
-                        gemm_bias(p.bias, p.bias_type, n));
+                        gemm_bias(p.bias, p.bias_type, n), scalar);
       gemm_store(w.v, p.out_type, j, r);
     }
     if (wide_out && n0 + 4 <= p.n) {
@@ -265,6 +269,15 @@ void broadcast_scales(const float* s, scale_mode mode, std::int64_t n, float* ds
   constexpr int threads = 256;
   broadcast_kernel<<<grid_for(n, threads), threads, 0, stream_of(ex)>>>(s, mode, n, dst);
   check_launch("broadcast_kernel");
+}
+
+__global__ void scale_product_kernel(const float* sa, const float* sb, float* s) {
+  s[0] = sa[0] * sb[0];
+}
+
+void scale_product(const float* sa, const float* sb, float* s, const exec& ex) {
+  scale_product_kernel<<<1, 1, 0, stream_of(ex)>>>(sa, sb, s);
+  check_launch("scale_product_kernel");
 }
 
 void widened_matmul(const gemm_problem& p, const exec& ex) {

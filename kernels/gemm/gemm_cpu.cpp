@@ -74,7 +74,7 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
       if (p.kblock > 0) {
         finish_blocked(p, m, n, [&](std::int64_t k0, std::int64_t k1) {
           if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
-            emu::accumulator acc(p.accumulation);
+            emu::accumulator acc = gemm_accumulator(p);
             for (std::int64_t k = k0; k < k1; ++k)
               acc.add(av[static_cast<std::size_t>(k)], value_b(b0 + k));
             return acc.finish();
@@ -89,7 +89,7 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
         continue;
       }
       if (p.accumulation.kind != emu::accumulation_kind::fp32_sequential) {
-        emu::accumulator acc(p.accumulation);
+        emu::accumulator acc = gemm_accumulator(p);
         for (std::int64_t k = 0; k < p.k; ++k)
           acc.add(av[static_cast<std::size_t>(k)], value_b(b0 + k));
         gemm_finish(p, m, n, acc.finish());

@@ -125,13 +125,14 @@ template <class ElementA, class ElementB, class ElementD> struct kernel_of {
   using sa_node = fusion::Sm90ColBroadcast<0, tile, float, float, col_stride, 1>;
   using sb_node = fusion::Sm90RowBroadcast<0, tile, float, float, row_stride, 1>;
   using bias_node = fusion::Sm90RowBroadcast<0, tile, float, float, row_stride, 1>;
-  // ((float(acc) * sa) * sb) + bias, rounded to D's type at the root.
+  // ((float(acc) * sb) * sa) + bias, rounded to D's type at the root (gemm_epilogue; scalar
+  // scales come as one factor, sa * sb in sb, and sa none).
   using evt = fusion::Sm90EVT<
       fusion::Sm90Compute<add_and_store<ElementD>::template fn, ElementD, float, rn>,
       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, rn>,
                       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, rn>,
-                                      fusion::Sm90AccFetch, sa_node>,
-                      sb_node>,
+                                      fusion::Sm90AccFetch, sb_node>,
+                      sa_node>,
       bias_node>;
 
   // A (M x K) row-major, B (N x K) row-major, i.e. K x N column-major: both K-major ("TN").
@@ -189,11 +190,21 @@ void run(const gemm_problem& p, const float* bias, const exec& ex) {
   const float* sa = p.a.mode == scale_mode::none ? nullptr : p.a.scales;
   const float* sb = p.b.mode == scale_mode::none ? nullptr : p.b.scales;
   const bool sa_rows = p.a.mode == scale_mode::rows, sb_rows = p.b.mode == scale_mode::rows;
+  std::optional<scratch> product;
+  if (sa != nullptr && sb != nullptr && !sa_rows && !sb_rows) { // one factor sa * sb
+    product.emplace(sizeof(float), stream);
+    scale_product(sa, sb, product->as<float>(), ex);
+    sb = product->as<float>();
+    sa = nullptr;
+  } else if (sb == nullptr && !sa_rows) { // sa alone: acc * sa
+    sb = sa;
+    sa = nullptr;
+  }
   // Each node's arguments: its children's, then its own (empty for the compute nodes).
   typename k::evt::Arguments fusion_args{
-      {                                                        // (acc * sa) * sb
-       {{}, {sa, 1.0f, {sa_rows, _0{}, std::int64_t{0}}}, {}}, // acc * sa
-       {sb, 1.0f, {_0{}, sb_rows, std::int64_t{0}}},           // sb
+      {                                                        // (acc * sb) * sa
+       {{}, {sb, 1.0f, {_0{}, sb_rows, std::int64_t{0}}}, {}}, // acc * sb
+       {sa, 1.0f, {sa_rows, _0{}, std::int64_t{0}}},           // sa
        {}},                                                    // multiplies
       {bias, 0.0f, {_0{}, bias != nullptr, std::int64_t{0}}},  // bias
       {}};                                                     // add_and_store

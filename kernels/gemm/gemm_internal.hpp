@@ -83,6 +83,26 @@ LOWBIT_HD inline float gemm_value(gemm_elem e, const void* codes, std::int64_t i
   return 0.0f;
 }
 
+// The operand format's minimum normal exponent (emu::format::emin), as an accumulation model
+// that places subnormal operands by their exponent field reads it (emu::accumulator).
+LOWBIT_HD constexpr int gemm_min_exponent(gemm_elem e) {
+  constexpr emu::format e4m3 = emu::e4m3fn, e5m2 = emu::e5m2, bf16 = emu::bfloat16,
+                        f16 = emu::float16; // local copies: device code cannot bind the globals
+  switch (e) {
+  case gemm_elem::e4m3: return e4m3.emin();
+  case gemm_elem::e5m2: return e5m2.emin();
+  case gemm_elem::bf16: return bf16.emin();
+  case gemm_elem::f16: return f16.emin();
+  case gemm_elem::int8: break;
+  }
+  return emu::accumulator::no_min_exponent;
+}
+
+// A fresh accumulator of p's model for p's operand formats.
+LOWBIT_HD inline emu::accumulator gemm_accumulator(const gemm_problem& p) {
+  return emu::accumulator(p.accumulation, gemm_min_exponent(p.a.elem), gemm_min_exponent(p.b.elem));
+}
+
 // An operand's scale for one of its rows (1 without scales).
 LOWBIT_HD inline float gemm_scale(const float* scales, scale_mode mode, std::int64_t row) {
   return mode == scale_mode::none ? 1.0f : scales[mode == scale_mode::rows ? row : 0];
@@ -108,13 +128,14 @@ LOWBIT_HD inline float gemm_block_scale(const gemm_side& s, std::int64_t row, st
                 : static_cast<const float*>(s.block_scales)[i];
 }
 
-// The blocked rule's float32 sum of scaled block terms, the first term as the start.
+// The blocked rule's float32 sum of scaled block terms, the first term as the start; each term
+// scaled in the per-row order of gemm_epilogue, B's scale first.
 struct gemm_block_total {
   float total = 0.0f;
   bool any = false;
   LOWBIT_HD void add(float acc, float sa, float sb) {
-    float t = acc * sa;
-    t = t * sb;
+    float t = acc * sb;
+    t = t * sa;
     total = any ? total + t : t;
     any = true;
   }
@@ -150,11 +171,25 @@ LOWBIT_HD inline void gemm_store(void* out, dtype t, std::int64_t i, float v) {
   }
 }
 
+// True where neither operand has per-row scales (each has one per tensor or none): the
+// epilogue then multiplies the scales together first.
+LOWBIT_HD inline bool gemm_scalar_scales(const gemm_problem& p) {
+  return p.a.mode != scale_mode::rows && p.b.mode != scale_mode::rows;
+}
+
 // The epilogue of docs/techniques/gemm.md, one element: every backend computes exactly this
-// (host and device; the build has no FMA contraction: --fmad=false, -ffp-contract=off).
-LOWBIT_HD inline float gemm_epilogue(float acc, float sa, float sb, float bias) {
-  float v = acc * sa;
-  v = v * sb;
+// (host and device; the build has no FMA contraction: --fmad=false, -ffp-contract=off). It is
+// the order of cuBLASLt's fp8 epilogue on the H200 (bench/probes/fp8_layer_replay.py): scalar
+// scales as one factor acc * (sa * sb), per-row scales B's first, (acc * sb) * sa; then + bias.
+LOWBIT_HD inline float gemm_epilogue(float acc, float sa, float sb, float bias, bool scalar) {
+  float v;
+  if (scalar) {
+    const float s = sa * sb;
+    v = acc * s;
+  } else {
+    v = acc * sb;
+    v = v * sa;
+  }
   return v + bias;
 }
 
@@ -164,7 +199,7 @@ LOWBIT_HD inline void gemm_finish(const gemm_problem& p, std::int64_t m, std::in
                                   float acc) {
   const float v =
       gemm_epilogue(acc, gemm_scale(p.a.scales, p.a.mode, m), gemm_scale(p.b.scales, p.b.mode, n),
-                    gemm_bias(p.bias, p.bias_type, n));
+                    gemm_bias(p.bias, p.bias_type, n), gemm_scalar_scales(p));
   gemm_store(p.out, p.out_type, m * p.out_stride + n, v);
 }
 
@@ -202,6 +237,9 @@ namespace cuda {
 int compute_capability();
 
 void simt_matmul(const gemm_problem& p, const exec& ex);
+// s[0] = sa[0] * sb[0] (float32, device pointers) on ex's stream: the one factor of scalar scales
+// for a fused epilogue that multiplies by one scale at a time.
+void scale_product(const float* sa, const float* sb, float* s, const exec& ex);
 void widened_matmul(const gemm_problem& p, const exec& ex);
 void cublaslt_matmul(const gemm_problem& p, const exec& ex);
 // False when this build has no CUTLASS sm_90 kernels for the problem (then another backend runs).

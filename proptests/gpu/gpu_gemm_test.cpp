@@ -9,6 +9,7 @@
 //     float32 sums of the same exact products in different orders; native fp8 (cuBLASLt's fp8
 //     tensor cores) within the looser bound of a modelled narrow fp8 accumulator;
 //   - native fp8 == widened == the twin where every partial sum is exact;
+//   - native fp8 (cuBLASLt) == the twin under the Hopper accumulation model, bit for bit;
 //   - simt (and automatic) == the twin bit for bit under every accumulation model, which the
 //     tensor-core backends refuse;
 //   - simt (and automatic) == the twin bit for bit with block scales (1 x kb, r x kb, E8M0),
@@ -22,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -248,15 +250,16 @@ struct options {
   std::int64_t max_k = 300;
   bool k_multiple_of_16 = false;
   bool mn_multiple_of_16 = false;
+  std::int64_t max_mn = 128; // with mn_multiple_of_16
 };
 
 problem make_problem(kind ka, kind kb, const options& o) {
   problem p;
   const std::int64_t m =
-      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, 9)
+      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, o.max_mn / 16 + 1)
                           : *rc::gen::element<std::int64_t>(0, 1, 2, 7, 16, 33, 64, 100, 129, 200);
   const std::int64_t n =
-      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, 9)
+      o.mn_multiple_of_16 ? 16 * *rc::gen::inRange<std::int64_t>(1, o.max_mn / 16 + 1)
                           : *rc::gen::element<std::int64_t>(0, 1, 3, 8, 16, 31, 64, 96, 130, 200);
   std::int64_t k;
   if (o.k_multiple_of_16)
@@ -677,6 +680,109 @@ TEST(gpu_gemm, native_fp8_equals_widened_where_sums_are_exact) {
     if (run_gpu(p, gemm_backend::cutlass, true))
       RC_ASSERT(same_bytes(cpu, p.result(true), "native fp8 (cutlass) on " + p.describe()));
   }));
+}
+
+// ---- the Hopper model against the hardware ----------------------------------------------------
+
+// Rows that stress the accumulation model: uniformly drawn finite codes (exponents spread over
+// the whole range, subnormals among them), rows of mostly subnormal codes, and rows whose second
+// half cancels the first exactly (A's codes negated, B's repeated: the exact sum is 0, the
+// model's truncations leave what the hardware leaves).
+void stress_rows(problem& p) {
+  const std::int64_t k = p.a.cols, half = k / 2;
+  for (std::int64_t r = 0; r < p.a.rows; ++r) {
+    const int form = *rc::gen::inRange(0, 4);
+    auto* a = p.a.codes.data() + r * k;
+    if (form == 1)
+      for (std::int64_t c = 0; c < k; ++c)
+        if (*rc::gen::inRange(0, 4) != 0)
+          a[c] &= p.a.k == kind::e4m3 ? 0x87 : 0x83; // exponent field 0
+    if (form == 2 && p.b.rows > 0) {
+      const std::int64_t n = *rc::gen::inRange<std::int64_t>(0, p.b.rows);
+      auto* b = p.b.codes.data() + n * k;
+      for (std::int64_t c = 0; c < half; ++c) {
+        a[c + half] = a[c] ^ 0x80;
+        b[c + half] = b[c];
+      }
+    }
+  }
+  p.a.store();
+  p.b.store();
+}
+
+// Scales of normal magnitudes (2^-20 to 2^20 with random significands, sometimes 1 or -1):
+// subnormal and overflowing scales are outside what this comparison covers.
+void normal_scales(operand& o) {
+  for (float& s : o.scales)
+    s = *rc::gen::inRange(0, 8) == 0
+            ? (*rc::gen::arbitrary<bool>() ? 1.0f : -1.0f)
+            : std::ldexp(1.0f + *rc::gen::inRange(0, 1 << 20) / float(1 << 20),
+                         *rc::gen::inRange(-20, 21));
+  o.store();
+}
+
+// emu::hopper_fp8_accumulation (slow accumulation) on the CPU twin == `backend`'s fp8 GEMM on the
+// GPU bit for bit: e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3, K up to 2048, scales
+// none/tensor/rows, bias, every out dtype. Prints the counts of compared outputs and
+// mismatches; false where the backend refused every problem.
+bool hopper_model_matches(gemm_backend backend) {
+  std::int64_t compared = 0, mismatched = 0;
+  EXPECT_TRUE(
+      rc::check(std::string("gpu_gemm.hopper_model.") + kernels::gemm_backend_name(backend), [&] {
+        const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
+        const kind kb = ka == kind::e5m2 ? kind::e4m3 : *rc::gen::element(kind::e4m3, kind::e5m2);
+        options o;
+        o.v = values::finite;
+        o.aligned = true;
+        o.mn_multiple_of_16 = true;
+        o.k_multiple_of_16 = true;
+        o.max_k = 2048;
+        o.max_mn = 64; // the twin sums K up to 2048 under the model on the CPU: keep M and N small
+        problem p = make_problem(ka, kb, o);
+        stress_rows(p);
+        normal_scales(p.a);
+        normal_scales(p.b);
+        p.run(false, gemm_backend::automatic, emu::hopper_fp8_accumulation(false));
+        const auto cpu = p.result(false);
+        if (!run_gpu(p, backend, backend == gemm_backend::cutlass))
+          return;
+        const auto gpu = p.result(true);
+        const std::size_t es = kernels::dtype_size(p.out_t);
+        std::int64_t bad = 0;
+        for (std::int64_t m = 0; m < p.a.rows; ++m)
+          for (std::int64_t n = 0; n < p.b.rows; ++n) {
+            const std::size_t at =
+                static_cast<std::size_t>(p.out_offset + m * p.out_stride + n) * es;
+            bad += std::memcmp(cpu.data() + at, gpu.data() + at, es) != 0 ? 1 : 0;
+          }
+        compared += p.a.rows * p.b.rows;
+        mismatched += bad;
+        RC_ASSERT(same_bytes(cpu, gpu,
+                             std::string(kernels::gemm_backend_name(backend)) +
+                                 " vs the Hopper model on " + p.describe()));
+      }));
+  std::printf("[hopper model vs %s fp8] %lld outputs compared, %lld mismatches\n",
+              kernels::gemm_backend_name(backend), static_cast<long long>(compared),
+              static_cast<long long>(mismatched));
+  return compared > 0;
+}
+
+// cuBLASLt without fast accumulation (how the cublaslt backend calls it), its fused epilogue
+// (the scales, bias and out's rounding) where it takes them.
+TEST(gpu_gemm, native_fp8_equals_the_hopper_model_bit_for_bit) {
+  LOWBIT_REQUIRE_GPU();
+  if (device_cc() != 90)
+    GTEST_SKIP() << "the model is fitted to sm_90's fp8 tensor cores";
+  EXPECT_TRUE(hopper_model_matches(gemm_backend::cublaslt));
+}
+
+// lowbit's CUTLASS fp8 kernels (promotion every 4 MMAs of k = 32, CUTLASS's default), where built.
+TEST(gpu_gemm, cutlass_fp8_equals_the_hopper_model_bit_for_bit) {
+  LOWBIT_REQUIRE_GPU();
+  if (device_cc() != 90)
+    GTEST_SKIP() << "the model is fitted to sm_90's fp8 tensor cores";
+  if (!hopper_model_matches(gemm_backend::cutlass))
+    GTEST_SKIP() << "no CUTLASS fp8 kernel in this build";
 }
 
 // Shapes in multiples of 16, aligned: cuBLASLt must run them, int8 bitwise, fp8 bitwise where

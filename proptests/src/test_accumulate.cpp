@@ -103,13 +103,18 @@ emu::accumulation model() {
   // A float32 register half of the time, else a narrower one (Hopper's is 14 bits).
   const int rb = *rc::gen::oneOf(rc::gen::just(24), rc::gen::inRange(1, 25));
   const auto e =
-      *rc::gen::element(emu::product_exponent::of_product, emu::product_exponent::of_operands);
+      *rc::gen::element(emu::product_exponent::of_product, emu::product_exponent::of_operands,
+                        emu::product_exponent::of_operand_fields);
   return emu::block_fixed_point(k, f, align, t, r, n, rb, e);
 }
 
 // Operands whose products are exact in float32: e4m3 codes times e4m3 or e5m2 codes (finite),
-// with runs of the formats' subnormals.
-std::pair<std::vector<float>, std::vector<float>> operands(std::int64_t k) {
+// with runs of the formats' subnormals; and the formats' minimum exponents.
+struct operand_pair {
+  std::vector<float> a, b;
+  int emin_a, emin_b;
+};
+operand_pair operands(std::int64_t k) {
   const bool e5m2 = *rc::gen::arbitrary<bool>();
   const bool subnormals = *rc::gen::inRange(0, 4) == 0;
   std::mt19937 rng(*rc::gen::arbitrary<std::uint32_t>());
@@ -125,7 +130,7 @@ std::pair<std::vector<float>, std::vector<float>> operands(std::int64_t k) {
     a[i] = emu::decode<float>(emu::e4m3fn, ca);
     b[i] = emu::decode<float>(e5m2 ? emu::e5m2 : emu::e4m3fn, cb);
   }
-  return {a, b};
+  return {a, b, emu::e4m3fn.emin(), (e5m2 ? emu::e5m2 : emu::e4m3fn).emin()};
 }
 
 std::int64_t length() {
@@ -153,12 +158,12 @@ TEST(accumulate, block_model_equals_its_rational_definition) {
 TEST(accumulate, operand_form_equals_its_rational_definition) {
   check_property("accumulate.operands_vs_rational", 300, [] {
     const emu::accumulation m = model();
-    const auto [a, b] = operands(length());
-    emu::accumulator acc(m);
+    const auto [a, b, emin_a, emin_b] = operands(length());
+    emu::accumulator acc(m, emin_a, emin_b);
     for (std::size_t i = 0; i < a.size(); ++i)
       acc.add(a[i], b[i]);
     RC_TAG(m.block, m.register_bits);
-    expect_same(acc.finish(), ref::accumulate_exactly(m, a, b));
+    expect_same(acc.finish(), ref::accumulate_exactly(m, a, b, emin_a, emin_b));
   });
 }
 
@@ -315,7 +320,7 @@ TEST(accumulate, gemm_twin_sums_with_the_model) {
           y[static_cast<std::size_t>(q)] =
               emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
         }
-        float want = emu::accumulate(m, x.data(), y.data(), K);
+        float want = emu::accumulate(m, x.data(), y.data(), K, fa.emin(), fb.emin());
         if (std::isnan(want))
           want = float_of(0x7FC00000u); // the GEMM writes every NaN as the positive quiet NaN
         RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));
@@ -365,8 +370,9 @@ struct probe_result {
   bool fast;
   const char* family;
   std::uint32_t bits;
-  const char* a; // e4m3 codes, hex
-  const char* b;
+  const char* a; // e4m3 codes (e5m2 where a_e5m2), hex
+  const char* b; // e4m3 codes, hex
+  bool a_e5m2 = false;
 };
 
 const probe_result h200_probes[] = {
@@ -484,40 +490,152 @@ const probe_result h200_probes[] = {
      "3838383838383838383838383838383838383838383838383838383838383838"
      "3838383838383838383838383838383838383838383838383838383838383838"
      "38"},
+    // The subnormal families (a subnormal operand in the block's largest product: it aligns at
+    // its format's minimum exponent) and rows of a training step's matmuls replayed on the H200
+    // (bench/probes/fp8_layer_replay.py: two forward rows, K = 384, whose sums the model with
+    // floor(log2) exponents missed, and one e5m2 x e4m3 input-gradient row).
+    {true, "subnormal", 0x3F004000u, "0101", "7830"},
+    {true, "subnormal_seven", 0x3F604000u, "0701", "6830"},
+    {true, "subnormal", 0x3F002000u, "0101", "7828"},
+    {true, "subnormal_seven", 0x3F602000u, "0701", "6828"},
+    {true, "subnormal", 0x3F000000u, "0101", "7820"},
+    {true, "subnormal_seven", 0x3F601000u, "0701", "6820"},
+    {true, "subnormal", 0x3F000000u, "0101", "7818"},
+    {true, "subnormal_seven", 0x3F600800u, "0701", "6818"},
+    {true, "subnormal", 0x3F000000u, "0101", "7810"},
+    {true, "subnormal_seven", 0x3F600000u, "0701", "6810"},
+    {true, "subnormal", 0x3F000000u, "0101", "7808"},
+    {true, "subnormal_seven", 0x3F600000u, "0701", "6808"},
+    {false, "subnormal", 0x3F004000u, "0101", "7830"},
+    {false, "subnormal_seven", 0x3F604000u, "0701", "6830"},
+    {false, "subnormal", 0x3F002000u, "0101", "7828"},
+    {false, "subnormal_seven", 0x3F602000u, "0701", "6828"},
+    {false, "subnormal", 0x3F000000u, "0101", "7820"},
+    {false, "subnormal_seven", 0x3F601000u, "0701", "6820"},
+    {false, "subnormal", 0x3F000000u, "0101", "7818"},
+    {false, "subnormal_seven", 0x3F600800u, "0701", "6818"},
+    {false, "subnormal", 0x3F000000u, "0101", "7810"},
+    {false, "subnormal_seven", 0x3F600000u, "0701", "6810"},
+    {false, "subnormal", 0x3F000000u, "0101", "7808"},
+    {false, "subnormal_seven", 0x3F600000u, "0701", "6808"},
+    {false, "layer_differ", 0xBE29CC00u,
+     "aebaaf0131bdb834c2b93034ba2d32262daeb3b3a6113c311621b942a7b39939"
+     "2d8ebba0a3b1b536b9aab59d33b0a4bdb1392ea332413bb632a4243f2f2eaaa7"
+     "aeb12eac2a2ebc26303b3c2fc135993c2ab228262c1c9d3234c1b1a332b6b43c"
+     "aa362cbab6b2b1ba31be1d3337b22c3a36b9b9bd39202e31b7be3d9abab0b539"
+     "312c2425a02c01483bb82baabbb3b1943334c03fb93ca1333422a6a5bcc4402a"
+     "2598bc1d24b4a73344aeb038b8b3b833b7bf362ebb333d9e35c0c13128233331"
+     "362bb01a3037ae42bc2a1f369f313abab02f33bab732b93c36a2bba63bb828b9"
+     "3b3a3fbd33a331b228b1bc9ba239b33eb43bb42eb11a2641b3a132bbbfc1b6be"
+     "36a2ab34c19a3932beb93d3fabb43f37221c34a3258639b9b8b423c224173c2f"
+     "26b7b7ad9eae2bb497bc26c2869b36b83e352f2831372bbaa4393c35362cbaba"
+     "2ab11eaa24b320ba9321bb08bc2d3c37aa4032a03bb6b938b9b90b3129a4b02e"
+     "be35ac3c3ca839b3b031ac3aab2e3b1e29342134b732acb8399ba9b4a2a9a229",
+     "938b100a8408048e81929502870e09140702030a8b100e048793040612149483"
+     "0e8a8e0c149194911586929303010b93818314110d8b02928d91900990911208"
+     "8893098f9008119411120c0f08040c94940f8b868e1395830113141095941091"
+     "0508858a1490858383158d8983068985950d950d100f108d80878c93840a0312"
+     "8c8f070f8e0309818c0791098691888d07110e95958e939212099301800e8411"
+     "82098d001486111583101293910c1215900a88141592070e828084071405088e"
+     "10128183930a9592138d95108e02869082878b9314908110141002068d928788"
+     "1580928a0b89068c81100a1293040a910a0710818a1182138e12948385821110"
+     "8c949100018885048d08848b118d9384030d87108d8f0793010e84931412088a"
+     "9093040f8e9015140c948a0d88871492879414900594108294110a02140d8284"
+     "10929114040894129310140505930c820a0b9480080b930691810e1291901014"
+     "0212858c12860785840d10910f079313858003150b0690081414138891041492"},
+    {false, "layer_differ", 0xBE871200u,
+     "ac36aab73b28b724393d313136bcb830bb3c3828b12fb7b8be0e2b133a362bb3"
+     "c03a38302db0bdb7b4bb3fb4a83ead36c2b039af34b9b3b844b7ae2ea1263136"
+     "3a32292c35b4a43ac8bf32b43c26b5993919113b33b4b1aabeb23c82a0261d83"
+     "40aeba2b2e07b193aa3430b0303da1aebb38bb17222dba309932b3b63d932c2c"
+     "be2d223c36bfb2a033293f9e35bc20c2a0bc38b9ae24a5c0b8343b20992b02bd"
+     "a8a7aa3bbaa0baa9b23d35a830b2aeb033343030b4bb2eadb93a302c3c37b5bc"
+     "b7bab7b497b923b82c3ab8c1b831b336173f2cb2a4bc28bdb29730b83e31a7af"
+     "b3b9b0b92c423c409f1034a4ba32b5b034a940bc3bb437bdb4b2c3943434373c"
+     "373f2c2e31b43bbd2e43abb0281f162c34b426a532b6b9b9403ab93bb136b9b1"
+     "ab2a1993b938a43ab63935ae35bab1b7bd3f35b335b52a2d2c23b437aebe3cb6"
+     "2fb0b32d39329d2bbe3d41ae38311d99b6b232b933301bb935b23924b8b2b237"
+     "3f3036b2bfb729aea93cb829b3b4b0323aa3b730200828363b3029bb3221b1b9",
+     "8f8186090107880a8b92900795109303938c121514030711040f148311829203"
+     "881088100a12920011120e8781010f0d8f100c0a938f148f948c94129595118b"
+     "9594958607890813068d9391048315861013828610140780000592890f959285"
+     "050c1185861192948c8d11140c850982048994120a0b088686860a14898b9290"
+     "120c8d8d03880307890c0f83070713139484130d019003908594081294130b8e"
+     "0a93918e82080a87029091108909148904948c8506800c0207108306020a8c00"
+     "9412118c0c068c86128491808e9301090d9284140790129504008f14948b8d94"
+     "11878e9089911293920804069404848d8c011508099293078e818c0f82151311"
+     "050d8110830585850e938d13891311859013050c0d0194858f0c11038e10078b"
+     "04090d04141483821489840492141512028393958c9110908e858c851381948e"
+     "938988141012880a8709919490818490118e94911282888d8584848693108511"
+     "130185119289920c950f820c921015020d821294040a8a010d81830b0b129312"},
+    {false, "layer_e5m2", 0x35200000u,
+     "0100018181010080810080018201818002818100028180018101010181018180"
+     "8101010102818101010181800081000201808181810001018281018181018081"
+     "0080018181010101810080028000808081818101818181818101800000808100"
+     "8180810101010001008281010001018001000101008101808081018180010101"
+     "0000808081018081018201020181808101818081010081010100800082808101"
+     "0181800000010080810080010101810181808281018102810081018181810181"
+     "0101008281018180018181018081810101810180818081018101810181828000"
+     "8000800101808181808101808180018080010100810200000180018101010000"
+     "8081000081010181818081818181018181808200018101828181800000010002"
+     "0181010001028100800080010180810181810001810182018181818080010181"
+     "0101010201018001008181018201018080000101000181818081808180018101"
+     "8181810182800181018081818101010080818081800181018101808181810101",
+     "848b04078b0c0d82880b05860b8106030605080c010d06048602828505850a07"
+     "0c0a88870a8689028c820a8c088c8c8301848407088881010b04858885030281"
+     "8c08868c890d0688038303830d830c0c0482840a8c8b88020209868900848304"
+     "010c81828308030a8d090200838982820381848b078a000405860a8c8b000082"
+     "0a0b07098483880501018a0508020c0d050a8c028c048a848d0107810c088800"
+     "0906898b8204030a04020288858002030802890807890207880c8a080d820408"
+     "080b8c868281050486098502878b8d0603860a02010207048305888105830a01"
+     "040787078b0c8307848c8a0206870988060c8c8703080b0b0c88048084828c09"
+     "08850c840b00828a0d0508898302880784848a038108850184828c828802860c"
+     "0b8a098805848a87818c078701818b818a0c050a840a0688030a068709078982"
+     "8a0c0484068b8a8787830c870a898281838a8a8b86090206850a098203860309"
+     "098906898a8d08820c848c8a0a0a0687800b83838409878a06000003060c0d09",
+     true},
 };
 
-std::vector<float> e4m3_values(const char* hex) {
+std::vector<float> code_values(const char* hex, const emu::format& f) {
   std::vector<float> v;
   for (const char* c = hex; c[0] != 0 && c[1] != 0; c += 2) {
     const std::uint8_t code = static_cast<std::uint8_t>(std::stoul(std::string(c, 2), nullptr, 16));
-    v.push_back(emu::decode<float>(emu::e4m3fn, code));
+    v.push_back(emu::decode<float>(f, code));
   }
   return v;
+}
+
+const emu::format& a_format(const probe_result& p) {
+  return p.a_e5m2 ? emu::e5m2 : emu::e4m3fn;
+}
+
+// The model's result for probe p, its operands' minimum exponents passed.
+float replay_probe(const emu::accumulation& m, const probe_result& p) {
+  const std::vector<float> a = code_values(p.a, a_format(p)), b = code_values(p.b, emu::e4m3fn);
+  emu::accumulator acc(m, a_format(p).emin(), emu::e4m3fn.emin());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    acc.add(a[i], b[i]);
+  return acc.finish();
 }
 
 // The number of sampled probes whose result `m(fast)` does not reproduce.
 template <class Model> int probe_mismatches(Model m) {
   int bad = 0;
-  for (const probe_result& p : h200_probes) {
-    const std::vector<float> a = e4m3_values(p.a), b = e4m3_values(p.b);
-    emu::accumulator acc(m(p.fast));
-    for (std::size_t i = 0; i < a.size(); ++i)
-      acc.add(a[i], b[i]);
-    bad += bits_of(acc.finish()) != p.bits ? 1 : 0;
-  }
+  for (const probe_result& p : h200_probes)
+    bad += bits_of(replay_probe(m(p.fast), p)) != p.bits ? 1 : 0;
   return bad;
 }
 
 TEST(accumulate, hopper_preset_reproduces_the_h200_probes) {
   EXPECT_EQ(probe_mismatches([](bool fast) { return emu::hopper_fp8_accumulation(fast); }), 0);
   for (const probe_result& p : h200_probes) {
-    const std::vector<float> a = e4m3_values(p.a), b = e4m3_values(p.b);
-    emu::accumulator acc(emu::hopper_fp8_accumulation(p.fast));
-    for (std::size_t i = 0; i < a.size(); ++i)
-      acc.add(a[i], b[i]);
-    EXPECT_EQ(bits_of(acc.finish()), p.bits) << p.family << " fast " << p.fast << " a " << p.a;
+    const emu::accumulation m = emu::hopper_fp8_accumulation(p.fast);
+    EXPECT_EQ(bits_of(replay_probe(m, p)), p.bits)
+        << p.family << " fast " << p.fast << " a " << p.a;
     // The rational definition agrees.
-    EXPECT_EQ(bits_of(ref::accumulate_exactly(emu::hopper_fp8_accumulation(p.fast), a, b)), p.bits)
+    const std::vector<float> a = code_values(p.a, a_format(p)), b = code_values(p.b, emu::e4m3fn);
+    EXPECT_EQ(bits_of(ref::accumulate_exactly(m, a, b, a_format(p).emin(), emu::e4m3fn.emin())),
+              p.bits)
         << p.family << " a " << p.a;
   }
   // Each parameter the random rows pinned is needed: a float32 register, the products' own
@@ -532,6 +650,12 @@ TEST(accumulate, hopper_preset_reproduces_the_h200_probes) {
   EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) { m.register_bits = 24; })), 0);
   EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) {
               m.exponent = emu::product_exponent::of_product;
+            })),
+            0);
+  // Subnormal operands by floor(log2 |x|) rather than their exponent fields: the subnormal
+  // families and the replayed forward rows miss.
+  EXPECT_GT(probe_mismatches(with([](emu::accumulation& m, bool) {
+              m.exponent = emu::product_exponent::of_operands;
             })),
             0);
   EXPECT_GT(probe_mismatches(with(

@@ -2,13 +2,18 @@
 // layer chain (kernels::quantize + scaled_matmul) against the exact reference
 // (reference/gemm.hpp), within the bounds derived in docs/techniques/gemm-bounds.md:
 //
-//   the twin's float32 value t = fl(fl(fl(acc * sa) * sb) + bias) satisfies
+//   with per-row scales the twin's float32 value t = fl(fl(fl(acc * sb) * sa) + bias) satisfies
 //     |t - y*| <= E = (1+u) [e_S |sa sb| (1+u)^r + |S sa sb| ((1+u)^r - 1)
-//                            + eta (1 + |sb| (1+u))] + u |y*|
+//                            + eta (1 + |sa| (1+u))] + u |y*|
 //   (without bias: the bracket alone), u = 2^-24, eta = 2^-150 (half the smallest subnormal: a
 //   product that underflows), r the number of inexact multiplications (a power-of-two scale
 //   multiplies exactly), e_S the accumulator's error: 0 for an int8 sum of at most 2^24, u |S|
-//   above it, gamma_{K-1} sum |a b| for the float32 sum of fp8 and 16-bit products.
+//   above it, gamma_{K-1} sum |a b| for the float32 sum of fp8 and 16-bit products. With scalar
+//   scales (one or none per operand) t = fl(fl(acc * s) + bias) for the float32 factor
+//   s = fl(sa sb), whose own error d = |s - sa sb| is computed exactly (it may underflow or
+//   overflow: then the class of the result follows s):
+//     E = (1+u) [e_S |s| (1+u)^r + |S s| ((1+u)^r - 1) + |S| d + 2 eta] + u |y*|,
+//   r = 0 where s is a power of two, else 1.
 //
 // A float32 output must lie within E of y*; a bfloat16 or float16 output must be the rounding of
 // a value within E of y* (the reference's rounding of y*, or, where the band holds a rounding
@@ -180,18 +185,19 @@ bool is_pow2(float s) {
 
 // What the bound needs of one output element.
 struct bound_terms {
-  rational e_s;      // |acc - S|
-  rational scale;    // |sa sb| (exact factors of the specification)
-  rational sb;       // |sb|
-  int roundings = 0; // inexact multiplications (and stored scales) between acc and the sum
+  rational e_s;         // |acc - S|
+  rational scale;       // |sa sb| (exact factors of the specification), or |s| for scalar scales
+  rational second = 0;  // the factor of the second multiplication, |sa| (1 for scalar scales)
+  rational delta_s = 0; // scalar scales: |s - sa sb|
+  int roundings = 0;    // inexact multiplications (and stored scales) between acc and the sum
   bool has_bias = false;
 };
 
 // E of the header for an exact sum S and y*.
 rational error_bound(const bound_terms& b, const rational& s, const rational& y) {
   const rational g = one_plus_u_pow(b.roundings);
-  const rational t2 =
-      b.e_s * b.scale * g + abs_of(s) * b.scale * (g - 1) + eta * (1 + b.sb * (1 + u));
+  const rational t2 = b.e_s * b.scale * g + abs_of(s) * b.scale * (g - 1) + abs_of(s) * b.delta_s +
+                      eta * (1 + b.second * (1 + u));
   return b.has_bias ? (1 + u) * t2 + u * abs_of(y) : t2;
 }
 
@@ -347,13 +353,23 @@ void check_problem(const problem& q, tally* t = nullptr) {
       b.e_s = sum_error(q, e);
       const float fa = q.sa.empty() ? 1.0f : q.sa[q.sa.size() == 1 ? 0 : i];
       const float fb = q.sb.empty() ? 1.0f : q.sb[q.sb.size() == 1 ? 0 : j];
-      b.roundings = (is_pow2(fa) ? 0 : 1) + (is_pow2(fb) ? 0 : 1);
+      const bool scalar = q.sa.size() <= 1 && q.sb.size() <= 1;
+      const float fs = fa * fb; // scalar scales: the rule's one factor
+      const extended es = extended::of(static_cast<double>(fs)), one = extended::of(rational(1));
+      b.roundings = scalar ? (is_pow2(fs) ? 0 : 1) : (is_pow2(fa) ? 0 : 1) + (is_pow2(fb) ? 0 : 1);
       b.has_bias = bj != nullptr;
-      const outcome cls = determined_class(e.sum, b.e_s, sai, sbj, bj);
+      const outcome cls = scalar ? determined_class(e.sum, b.e_s, es, one, bj)
+                                 : determined_class(e.sum, b.e_s, sai, sbj, bj);
       rational bound = 0;
       if (cls == outcome::finite) {
-        b.scale = abs_of(sai.value * sbj.value);
-        b.sb = abs_of(sbj.value);
+        if (scalar) {
+          b.scale = abs_of(es.value);
+          b.second = 1;
+          b.delta_s = abs_of(es.value - sai.value * sbj.value);
+        } else {
+          b.scale = abs_of(sai.value * sbj.value);
+          b.second = abs_of(sai.value);
+        }
         bound = error_bound(b, e.sum.value, e.exact.value);
       }
       const std::uint32_t got = twin[static_cast<std::size_t>(i * q.ops.n + j)];
@@ -523,10 +539,16 @@ TEST(gemm_reference, special_cases_one_by_one) {
 
 // float32 steps written out: static_cast<float> of an int64 rounds to nearest-even, and each
 // statement is one rounded operation (x86-64 without FMA, so nothing is contracted).
-std::uint32_t naive_int8_output(std::int64_t acc, float sa, float sb, float bias, dtype out) {
+std::uint32_t naive_int8_output(std::int64_t acc, float sa, float sb, bool scalar, float bias,
+                                dtype out) {
   float v = static_cast<float>(acc);
-  v = v * sa;
-  v = v * sb;
+  if (scalar) {
+    const float s = sa * sb;
+    v = v * s;
+  } else {
+    v = v * sb;
+    v = v * sa;
+  }
   v = v + bias;
   if (std::isnan(v))
     return out == dtype::float32 ? 0x7FC00000u : (out == dtype::bfloat16 ? 0x7FC0u : 0x7E00u);
@@ -558,7 +580,8 @@ TEST(gemm_reference, int8_twin_is_int64_sum_then_epilogue) {
         const float sa = q.sa.empty() ? 1.0f : q.sa[q.sa.size() == 1 ? 0 : i];
         const float sb = q.sb.empty() ? 1.0f : q.sb[q.sb.size() == 1 ? 0 : j];
         const float bias = q.bias.empty() ? 0.0f : q.bias[static_cast<std::size_t>(j)];
-        const std::uint32_t want = naive_int8_output(acc, sa, sb, bias, q.out.t);
+        const std::uint32_t want =
+            naive_int8_output(acc, sa, sb, q.sa.size() <= 1 && q.sb.size() <= 1, bias, q.out.t);
         const std::uint32_t got = twin[static_cast<std::size_t>(i * q.ops.n + j)];
         RC_ASSERT(got == want);
       }
@@ -748,10 +771,13 @@ rational chain_bound(const ref::chain_result& c, const flip_terms& f, bool int8,
       c.a.dequant.size() == 1 ? c.a.dequant[0] : c.a.dequant[static_cast<std::size_t>(i)];
   const rational db =
       c.b.dequant.size() == 1 ? c.b.dequant[0] : c.b.dequant[static_cast<std::size_t>(j)];
+  // Per-row factors multiply B's first, so A's factor is the second multiplication's; scalar
+  // factors are one fl(da db) (the fourth rounding), one multiplication.
+  const bool scalar = c.a.dequant.size() <= 1 && c.b.dequant.size() <= 1;
   bound_terms b;
   b.e_s = e_s;
   b.scale = da * db;
-  b.sb = db * (1 + u);
+  b.second = scalar ? rational(1) : da * (1 + u);
   b.roundings = 4;
   b.has_bias = has_bias;
   return error_bound(b, e.sum.value, e.exact.value);

@@ -2,7 +2,7 @@
 //   - gemm_blocks.rule: the twin equals the rule written out here from emu's decode alone: each
 //     K block's partial sum (exact int32 for int8; acc = acc + a*b in k order, or the
 //     accumulation model's emu::accumulator started afresh, for fp8 and 16-bit values),
-//     t_j = (acc_j * sa[m, j]) * sb[n, j], T = t_0 + t_1 + ... in block order, T + bias, the
+//     t_j = (acc_j * sb[n, j]) * sa[m, j], T = t_0 + t_1 + ... in block order, T + bias, the
 //     rounding to out's dtype; every code (NaN, Inf, subnormals), float32 and E8M0 block scales
 //     (0xFF among them), 1 x kb, r x kb and 128 x kb blocks, B blocked or per row / tensor / none.
 //   - gemm_blocks.bound: the twin within the derived bound of the exact value of the blocked
@@ -223,8 +223,8 @@ float rule(const operand& a, const operand& b, std::int64_t m, std::int64_t n, s
         acc = acc + p;
       }
     }
-    float t = acc * a.scale(m, j);
-    t = t * b.scale(n, j);
+    float t = acc * b.scale(n, j);
+    t = t * a.scale(m, j);
     total = j == 0 ? t : total + t;
   }
   return total + bias;

@@ -1,7 +1,8 @@
 // The scaled matmul's CPU twin (lowbit::kernels::scaled_matmul on CPU views) against the rule of
 // kernels/include/lowbit/kernels/gemm.hpp, written out here from emu's decode alone: the exact
 // int32 sum for int8, the float32 sum acc = acc + a*b over k = 0..K-1 for fp8 and 16-bit values,
-// then ((acc * sa) * sb) + bias and nearest-even to out's dtype. Random shapes (including 0),
+// then acc * (sa * sb) for scalar scales or (acc * sb) * sa for per-row ones, + bias, and
+// nearest-even to out's dtype. Random shapes (including 0),
 // strided rows, every code (NaN, Inf, subnormals, -128), scales none/tensor/rows with 0,
 // denormals and huge values, bias none/float32/bf16/fp16, out float32/bf16/fp16, one thread
 // against two; an independent bound against the exact sum; and the argument checks, each
@@ -246,8 +247,16 @@ void twin_follows_rule() {
         if (k == 0) {
           want = round_to(ot, bias.value(j));
         } else {
-          float v = rule_acc(a, b, i, j) * a.scale(i);
-          v = v * b.scale(j);
+          // Scalar scales (one or none each) as one factor, else B's scale first.
+          const float acc = rule_acc(a, b, i, j);
+          float v;
+          if (a.scales.size() <= 1 && b.scales.size() <= 1) {
+            const float s = a.scale(i) * b.scale(j);
+            v = acc * s;
+          } else {
+            v = acc * b.scale(j);
+            v = v * a.scale(i);
+          }
           v = v + bias.value(j);
           want = round_to(ot, v);
         }

@@ -22,7 +22,7 @@ _OUT_DTYPES = ("float32", "bfloat16", "float16")
 _KINDS = ("fp32_sequential", "exact", "block_fixed_point")
 _TERMS = ("toward_zero", "nearest_even")  # emu::term_rounding's order
 _REGISTER = ("nearest_even", "toward_zero")  # emu::register_rounding's order
-_EXPONENT = ("of_product", "of_operands")  # emu::product_exponent's order
+_EXPONENT = ("of_product", "of_operands", "of_operand_fields")  # emu::product_exponent's order
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,9 @@ class Accumulation:
     ``fraction_bits`` bits below it, summed exactly, written into a float32 register, promoted
     into a float32 accumulator every ``promote_every`` blocks, 0 for never; the register keeps
     ``register_bits`` significand bits, 24 for float32; ``exponent`` "of_operands" places each
-    product by its operands' exponents e(a) + e(b) rather than its own). ``Accumulation.hopper()``
+    product by its operands' exponents e(a) + e(b) rather than its own, "of_operand_fields" the
+    same with a subnormal operand at its format's minimum normal exponent, as its exponent field
+    reads). ``Accumulation.hopper()``
     is the model fitted to the H200's fp8 tensor cores (slow accumulation; ``fast=True`` for fast
     accumulation).
 
@@ -105,14 +107,14 @@ class Accumulation:
 
     @classmethod
     def hopper(cls, fast: bool = False) -> Accumulation:
-        """emu::hopper_fp8_accumulation: the H200's e4m3 x e4m3 sum as the probes pinned it
-        (docs/techniques/fp8-training.md, "Hopper's parameters"): blocks of 32 products aligned
-        with the register, 13 fraction bits, truncated; a 14-bit register truncated; products
-        placed by their operands' exponents; slow accumulation promotes into float32 every 4
-        blocks, fast accumulation never."""
+        """emu::hopper_fp8_accumulation: the H200's fp8 sum as the probes and the replayed
+        training matmuls pinned it (docs/techniques/fp8-training.md, "Hopper's parameters"):
+        blocks of 32 products aligned with the register, 13 fraction bits, truncated; a 14-bit
+        register truncated; products placed by their operands' exponent fields; slow
+        accumulation promotes into float32 every 4 blocks, fast accumulation never."""
         return cls.block_fixed_point(32, 13, align_with_register=True, terms="toward_zero",
                                      register="toward_zero", promote_every=0 if fast else 4,
-                                     register_bits=14, exponent="of_operands")
+                                     register_bits=14, exponent="of_operand_fields")
 
     def fields(self) -> list[int]:
         """The nine integers the compiled module takes (python/src/gemm.cpp)."""
@@ -162,7 +164,7 @@ class Accumulation:
         if head not in ("bfp", "block_fixed_point") or not rest:
             raise ValueError(f"accumulation {spec!r}: expected 'fp32', 'exact' or "
                              "'bfp:k=..,f=..[,align=0|1,terms=..,register=..,promote=..,"
-                             "reg_bits=..,exp=of_product|of_operands]'")
+                             "reg_bits=..,exp=of_product|of_operands|of_operand_fields]'")
         keys = {"k": "k", "f": "fraction_bits", "align": "align_with_register",
                 "terms": "terms", "register": "register", "promote": "promote_every",
                 "reg_bits": "register_bits", "exp": "exponent"}
@@ -278,7 +280,8 @@ def scaled_matmul(
     a_block: Any = None,
     b_block: Any = None,
 ) -> Any:
-    """``out[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n])`` with
+    """``out[m, n] = round(((float(acc[m, n]) * sb[n]) * sa[m]) + bias[n])`` (per-row scales; with
+    one scale or none per operand ``round((float(acc[m, n]) * (sa * sb)) + bias[n])``) with
     ``acc = A[m, :] . B[n, :]``: a matmul of two K-major operands (A is M x K, B is N x K, so
     the product is A B^T) whose dequantization and bias are fused into the epilogue.
 
@@ -320,7 +323,7 @@ def scaled_matmul(
         then :func:`quantize`'s [ceil(rows / block_rows), ceil(K / block_k)] float32 factors, or
         :func:`quantize_mx`'s uint8 E8M0 codes with ``(1, 32)`` for fp8 operands. Each K
         block's partial sum (exact int32 for int8; float32 or the accumulation model, started
-        afresh, for the others) is multiplied by its two scales, ``(acc_j * sa) * sb``, and the
+        afresh, for the others) is multiplied by its two scales, ``(acc_j * sb) * sa``, and the
         terms are summed in float32 in block order, the first as the start, then the bias
         (docs/techniques/gemm.md, "Block scales"). CPU twin and simt only.
 

@@ -141,7 +141,7 @@ emu::accumulation accumulation_of(const std::vector<std::int64_t>& f) {
   m.reg = static_cast<emu::register_rounding>(f[5] < 0 || f[5] > 1 ? 255 : f[5]);
   m.promote_every = small(f[6]);
   m.register_bits = small(f[7]);
-  m.exponent = static_cast<emu::product_exponent>(f[8] < 0 || f[8] > 1 ? 255 : f[8]);
+  m.exponent = static_cast<emu::product_exponent>(f[8] < 0 || f[8] > 2 ? 255 : f[8]);
   return m;
 }
 

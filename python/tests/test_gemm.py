@@ -1,8 +1,9 @@
 """lowbit.scaled_matmul against independent numpy computations.
 
 int8 operands: the exact int64 matmul of the codes, then the epilogue as float32 numpy operations
-in the rule's order (float32(acc) * sa, then * sb, then + bias; numpy rounds each one to
-nearest-even and never fuses them), then the output rounding by ml_dtypes / numpy: bit-equal.
+in the rule's order (gemm_rule.scaled: acc * (sa * sb) for scalar scales, (acc * sb) * sa for
+per-row ones, then + bias; numpy rounds each one to nearest-even and never fuses them), then the
+output rounding by ml_dtypes / numpy: bit-equal.
 fp8 and 16-bit operands: the values decoded by ml_dtypes, multiplied in float64, within the
 bound of a float32 sum of K exact products in any order (gamma_{K+2} * sum |a_i b_i| |sa sb|
 plus one rounding of the result: stated at `fp_bound`). Torch tensors (CPU, marker torch; CUDA,
@@ -17,6 +18,8 @@ import numpy as np
 import pytest
 
 import lowbit
+
+import gemm_rule
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -51,14 +54,8 @@ def bias_of(kind, n, seed):
 
 
 def epilogue(acc, sa, sb, bias, out_dtype):
-    """The rule's epilogue in float32 numpy: each step rounded once, in this order."""
-    v = acc.astype(F32)  # exact int32 -> float32, nearest-even
-    if sa is not None:
-        v = v * (sa.reshape(-1, 1) if sa.size > 1 else sa.reshape(()))
-    if sb is not None:
-        v = v * (sb.reshape(1, -1) if sb.size > 1 else sb.reshape(()))
-    if bias is not None:
-        v = v + bias.astype(F32)
+    """The rule's epilogue (gemm_rule.scaled), then out's rounding."""
+    v = gemm_rule.scaled(acc, sa, sb, bias)
     with np.errstate(over="ignore"):  # float16 results may overflow to Inf, as the kernels'
         return v.astype(OUT_DTYPES[out_dtype])
 

@@ -2,7 +2,7 @@
 
 Block scales: the blocked rule of kernels/include/lowbit/kernels/gemm.hpp replayed in float32
 numpy, one rounding per step: each K block's partial sum (exact int64 for int8; acc = acc + p
-over the block's k in order for fp8, every product exact in float32), t_j = (acc_j * sa) * sb,
+over the block's k in order for fp8, every product exact in float32), t_j = (acc_j * sb) * sa,
 T = t_0 + t_1 + ... in block order, T + bias, then the output rounding: bit-equal. With an
 accumulation model the blocks' partial sums are the model's sums of each block alone, which
 scaled_matmul itself gives for the block's columns (no scales, no bias): the replay composes
@@ -77,7 +77,7 @@ def replay(a, af, b, bf, sa, a_block, sb, b_block, kb, bias=None, partial=None):
         s_a = np.array([scale_at(sa, a_block, m, k, i, j) for i in range(m)], F32)
         s_b = np.array([scale_at(sb, b_block, n, k, i, j) for i in range(n)], F32)
         with np.errstate(over="ignore", invalid="ignore"):
-            t = (acc * s_a[:, None]) * s_b[None, :]
+            t = (acc * s_b[None, :]) * s_a[:, None]
         total = t if total is None else total + t
     out = total + (F32(0) if bias is None else bias.astype(F32)[None, :])
     return out.astype(F32)

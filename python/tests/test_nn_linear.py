@@ -16,6 +16,8 @@ import pytest
 
 import lowbit
 
+import gemm_rule
+
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -65,13 +67,8 @@ def layer_and_input(variant, fmt="int8", dtype=torch.float32, bias=True, lead=(3
 
 
 def epilogue(acc, sa, sb, bias, dtype):
-    """float32(acc) * sa, then * sb, then + bias, each a float32 operation, then the output's
-    rounding (nearest-even)."""
-    v = acc.astype(F32) * np.asarray(sa, F32).reshape(-1, 1)
-    v = v * (np.asarray(sb, F32).reshape(1, -1) if np.size(sb) > 1 else np.asarray(sb, F32))
-    if bias is not None:
-        v = v + bias.astype(F32)
-    return v.astype(NP_DTYPE[dtype])
+    """The rule's epilogue (gemm_rule.scaled), then the output's rounding (nearest-even)."""
+    return gemm_rule.scaled(acc, sa, sb, bias).astype(NP_DTYPE[dtype])
 
 
 def int8_matmul(a_codes, b_codes):

@@ -5,6 +5,7 @@
 #include <lowbit/reference/accumulate.hpp>
 #include <lowbit/reference/round.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -171,7 +172,7 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& p
 }
 
 float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& a,
-                         const std::vector<float>& b) {
+                         const std::vector<float>& b, int min_exponent_a, int min_exponent_b) {
   require(a.size() == b.size(), errc::invalid_argument, "a, b: not of the same length");
   std::vector<float> p(a.size());
   std::vector<int> e(a.size(), 0);
@@ -181,8 +182,13 @@ float accumulate_exactly(const emu::accumulation& m, const std::vector<float>& a
       continue;
     require(value(p[i]) == value(a[i]) * value(b[i]), errc::invalid_argument,
             "a, b: a product is not exact in float32");
-    e[i] = m.exponent == emu::product_exponent::of_operands ? exponent(a[i]) + exponent(b[i])
-                                                            : exponent(p[i]);
+    if (m.exponent == emu::product_exponent::of_product) {
+      e[i] = exponent(p[i]);
+    } else if (m.exponent == emu::product_exponent::of_operands) {
+      e[i] = exponent(a[i]) + exponent(b[i]);
+    } else {
+      e[i] = std::max(exponent(a[i]), min_exponent_a) + std::max(exponent(b[i]), min_exponent_b);
+    }
   }
   return evaluate(m, p, e);
 }

@@ -27,11 +27,14 @@ enum class term_rounding : std::uint8_t { toward_zero, nearest_even };
 // How the block's exact fixed-point sum is written into the float32 register.
 enum class register_rounding : std::uint8_t { nearest_even, toward_zero };
 
-// The exponent that places a product on its block's grid: floor(log2 |p|) of the product, or
+// The exponent that places a product on its block's grid: floor(log2 |p|) of the product; or
 // the sum of its operands' floor(log2 |x|) (the product's significand then lies in [1, 4): a
-// multiplier that adds the exponents and aligns before normalising). The operands' form needs
-// accumulator::add(a, b); add(p) alone uses the product's exponent.
-enum class product_exponent : std::uint8_t { of_product, of_operands };
+// multiplier that adds the exponents and aligns before normalising); or that sum with each
+// operand's exponent as its encoding's exponent field reads, where a subnormal operand sits at
+// its format's minimum normal exponent with a significand below 1 (the significand product then
+// lies in (0, 4)). The operands' forms need accumulator::add(a, b), and of_operand_fields the
+// operands' minimum exponents (the accumulator's constructor); add(p) alone uses the product's.
+enum class product_exponent : std::uint8_t { of_product, of_operands, of_operand_fields };
 
 struct accumulation {
   accumulation_kind kind = accumulation_kind::fp32_sequential;
@@ -77,14 +80,15 @@ constexpr accumulation block_fixed_point(int k, int f, bool align_with_register,
           e};
 }
 
-// The model fitted to cuBLASLt's e4m3 x e4m3 GEMM on an H200 (CUDA 13.0, K = 256, float32 out,
-// one kernel; docs/techniques/fp8-training.md, "Hopper's parameters"): blocks of 32 products
-// aligned by their operands' exponents and the register's, truncated 13 bits below, the register
-// a 14-bit significand truncated toward zero; slow accumulation promotes every 4 blocks (128
-// products). Other shapes and kernels are yet to be checked against it.
+// The model fitted to cuBLASLt's fp8 GEMMs on an H200 (CUDA 13.0; docs/techniques/
+// fp8-training.md, "Hopper's parameters"): blocks of 32 products aligned by their operands'
+// exponent fields and the register's exponent, truncated 13 bits below, the register a 14-bit
+// significand truncated toward zero; slow accumulation promotes every 4 blocks (128 products).
+// It reproduces the probes (e4m3 x e4m3, K = 256 to 4096, both modes) and a training step's
+// matmuls (e4m3 x e4m3 and e5m2 x e4m3, K = 384 to 2048, slow mode) bit for bit.
 constexpr accumulation hopper_fp8_accumulation(bool fast_accumulation) {
   return block_fixed_point(32, 13, true, term_rounding::toward_zero, register_rounding::toward_zero,
-                           fast_accumulation ? 0 : 4, 14, product_exponent::of_operands);
+                           fast_accumulation ? 0 : 4, 14, product_exponent::of_operand_fields);
 }
 
 // False for parameters outside the limits above (the accumulator's result is then unspecified).
@@ -97,7 +101,8 @@ LOWBIT_HD constexpr bool is_valid(const accumulation& m) {
          (m.reg == register_rounding::nearest_even || m.reg == register_rounding::toward_zero) &&
          m.register_bits >= 1 && m.register_bits <= 24 &&
          (m.exponent == product_exponent::of_product ||
-          m.exponent == product_exponent::of_operands);
+          m.exponent == product_exponent::of_operands ||
+          m.exponent == product_exponent::of_operand_fields);
 }
 
 namespace detail {
@@ -228,21 +233,39 @@ LOWBIT_HD constexpr float to_register(double s, double t, int bits, register_rou
 // here: finish() returns NaN for it.
 class accumulator {
 public:
-  LOWBIT_HD constexpr explicit accumulator(const accumulation& m) : m_(m) {}
+  // min_exponent_a, min_exponent_b: the operand formats' minimum normal exponents (format::emin),
+  // read by product_exponent::of_operand_fields only; the defaults are below every float32, so
+  // that rule then places products as of_operands does.
+  LOWBIT_HD constexpr explicit accumulator(const accumulation& m,
+                                           int min_exponent_a = no_min_exponent,
+                                           int min_exponent_b = no_min_exponent)
+      : m_(m), emin_a_(min_exponent_a), emin_b_(min_exponent_b) {}
+
+  static constexpr int no_min_exponent = -149;
 
   LOWBIT_HD constexpr void add(float p) {
     add_aligned(p, p != 0.0f && detail::finite(p) ? detail::exponent_of(p) : 0);
   }
 
   // The product a * b (exact for fp8 and 16-bit operands), placed by the model's exponent rule:
-  // with product_exponent::of_operands, by e(a) + e(b).
+  // with product_exponent::of_operands, by e(a) + e(b); with of_operand_fields, by
+  // max(e(a), min_exponent_a) + max(e(b), min_exponent_b).
   LOWBIT_HD constexpr void add(float a, float b) {
     const float p = a * b;
-    if (m_.exponent == product_exponent::of_operands && p != 0.0f && detail::finite(p))
-      add_aligned(p, detail::exponent_of(a) + detail::exponent_of(b));
-    else
+    if (m_.exponent == product_exponent::of_product || p == 0.0f || !detail::finite(p)) {
       add(p);
+      return;
+    }
+    int ea = detail::exponent_of(a), eb = detail::exponent_of(b);
+    if (m_.exponent == product_exponent::of_operand_fields) {
+      ea = ea > emin_a_ ? ea : emin_a_;
+      eb = eb > emin_b_ ? eb : emin_b_;
+    }
+    add_aligned(p, ea + eb);
   }
+
+  // A fresh accumulator of the same model and operands (the start of a block scale's block).
+  LOWBIT_HD constexpr void restart() { *this = accumulator(m_, emin_a_, emin_b_); }
 
   LOWBIT_HD constexpr float finish() {
     if (m_.kind == accumulation_kind::exact)
@@ -318,6 +341,7 @@ private:
   }
 
   accumulation m_;
+  int emin_a_, emin_b_;
   float acc_ = 0.0f;  // fp32_sequential's sum, or the promoted float32 accumulator
   float part_ = 0.0f; // the block register
   float special_ = 0.0f;
@@ -337,10 +361,13 @@ LOWBIT_HD constexpr float accumulate(const accumulation& m, const float* product
 
 // The model's sum of the products a[i] b[i], i in [0, n), in order, each placed by its operands
 // (what the CPU twin and simt compute; equal to the products' form unless the model takes
-// product_exponent::of_operands).
+// product_exponent::of_operands or of_operand_fields), the operands' minimum exponents as in
+// accumulator's constructor.
 LOWBIT_HD constexpr float accumulate(const accumulation& m, const float* a, const float* b,
-                                     std::int64_t n) {
-  accumulator acc(m);
+                                     std::int64_t n,
+                                     int min_exponent_a = accumulator::no_min_exponent,
+                                     int min_exponent_b = accumulator::no_min_exponent) {
+  accumulator acc(m, min_exponent_a, min_exponent_b);
   for (std::int64_t i = 0; i < n; ++i)
     acc.add(a[i], b[i]);
   return acc.finish();

@@ -61,7 +61,9 @@ struct gemm_options {
   std::optional<emu::accumulation> accumulation;
 };
 
-// out[m, n] = round(((float(acc[m, n]) * sa[m]) * sb[n]) + bias[n]), each step one float32
+// out[m, n] = round((float(acc[m, n]) * (sa * sb)) + bias[n]) where neither operand has per-row
+// scales (each one scale or none), else round(((float(acc[m, n]) * sb[n]) * sa[m]) + bias[n]) (the
+// order of cuBLASLt's fp8 epilogue on the H200), each step one float32
 // operation rounded to nearest-even, no fused multiply-add; the last rounding to out's dtype is
 // nearest-even, and every NaN result is written as the positive quiet NaN (NaN signs and payloads
 // differ between CPUs and GPUs). acc is the exact int32 sum for int8 operands (K may not exceed the

@@ -16,9 +16,12 @@ namespace lowbit::reference {
 float accumulate_exactly(const emu::accumulation& model, const std::vector<float>& products);
 
 // The same for the products a[i] * b[i] (each exact in float32, else lowbit::error), placed on
-// the grid by the model's exponent rule (product_exponent::of_operands: e(a[i]) + e(b[i])), as
-// emu::accumulator::add(a, b) does.
+// the grid by the model's exponent rule (product_exponent::of_operands: e(a[i]) + e(b[i]);
+// of_operand_fields: max(e(a[i]), min_exponent_a) + max(e(b[i]), min_exponent_b)), as
+// emu::accumulator::add(a, b) does with the same minimum exponents.
 float accumulate_exactly(const emu::accumulation& model, const std::vector<float>& a,
-                         const std::vector<float>& b);
+                         const std::vector<float>& b,
+                         int min_exponent_a = emu::accumulator::no_min_exponent,
+                         int min_exponent_b = emu::accumulator::no_min_exponent);
 
 } // namespace lowbit::reference
