@@ -340,6 +340,23 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
             "16-bit operands");
     p.accumulation = model;
   }
+  if (opt.fast_accumulation) {
+    require(gemm_is_fp8(p.a.elem) && gemm_is_fp8(p.b.elem), errc::invalid_argument,
+            "opt.fast_accumulation: a mode of the fp8 tensor cores; these operands are not fp8");
+    require(!opt.accumulation, errc::unsupported,
+            "opt.fast_accumulation: cuBLASLt's hardware sum; with opt.accumulation (a model, run "
+            "on the CPU twin or simt) it has no meaning: pass the model alone, e.g. "
+            "hopper_fp8_accumulation(true)");
+    require(p.dev.type == device_type::cuda, errc::unsupported,
+            "opt.fast_accumulation: cuBLASLt's mode, on CUDA views only; the CPU twin sums fast "
+            "accumulation's model with opt.accumulation = hopper_fp8_accumulation(true)");
+    require(opt.backend == gemm_backend::automatic || opt.backend == gemm_backend::cublaslt,
+            errc::unsupported, [&] {
+              return std::string("opt.fast_accumulation: cuBLASLt's mode; opt.backend ") +
+                     gemm_backend_name(opt.backend) + " cannot take it (cublaslt or automatic)";
+            });
+    p.fast_accumulation = true;
+  }
   if (p.dev.type != device_type::cuda)
     return cpu::scaled_matmul(p, ex);
   require_device_views(a, b, bias, out);
@@ -354,6 +371,11 @@ void scaled_matmul(const gemm_operand& a, const gemm_operand& b, const tensor_vi
              "model";
     });
     use = gemm_backend::simt;
+  } else if (p.fast_accumulation && p.k > 0) {
+    const std::string why = refusal(gemm_backend::cublaslt, p);
+    require(why.empty(), errc::unsupported,
+            [&] { return "opt.fast_accumulation: cuBLASLt cannot take this problem: " + why; });
+    use = gemm_backend::cublaslt;
   } else if (use == gemm_backend::automatic) {
     use = choose(p);
     if (use == gemm_backend::cublaslt) {

@@ -124,7 +124,7 @@ struct fused {
 // sub-millisecond matmul, so its first answer for each combination is kept (the same answer it
 // would give again: the choice stays deterministic). The cache holds at most max_cached
 // combinations; past that, new ones are asked each time.
-using algo_key = std::array<std::int64_t, 18>;
+using algo_key = std::array<std::int64_t, 19>;
 constexpr std::size_t max_cached = 4096;
 
 std::mutex& algo_mutex() {
@@ -157,6 +157,8 @@ bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t 
   matmul_desc desc(ct, integer ? CUDA_R_32I : CUDA_R_32F);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  if (p.fast_accumulation)
+    desc.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, std::int8_t{1});
   if (f != nullptr) {
     if (f->outer) {
       const std::int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
@@ -198,7 +200,8 @@ bool run(const gemm_problem& p, cublasComputeType_t ct, void* d, cudaDataType_t 
       ldd,
       alignment_of(p.b.codes),
       alignment_of(p.a.codes),
-      alignment_of(d)};
+      alignment_of(d),
+      std::int64_t{p.fast_accumulation}};
   cublasLtMatmulHeuristicResult_t result{};
   if (!cached_algo(key, result)) {
     preference pref(blas::workspace_bytes(), p.b.codes, p.a.codes, d); // cuBLASLt's A is our B

@@ -51,6 +51,8 @@ struct gemm_problem {
   emu::accumulation accumulation{};
   // K block length of block scales (gemm.hpp's blocked rule); 0: no K blocks.
   std::int64_t kblock = 0;
+  // gemm_options::fast_accumulation (fp8 on cuBLASLt only).
+  bool fast_accumulation = false;
 };
 
 // K up to which an int32 sum of int8 products is exact: floor((2^31 - 1) / 128^2), and for two

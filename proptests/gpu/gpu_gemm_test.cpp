@@ -225,11 +225,12 @@ struct problem {
   }
   // Runs the host API on the CPU or the GPU views (the out buffer is poisoned again first).
   void run(bool gpu, gemm_backend backend,
-           std::optional<emu::accumulation> accumulation = std::nullopt) {
+           std::optional<emu::accumulation> accumulation = std::nullopt, bool fast = false) {
     out = std::make_unique<mirrored>(out_bytes());
     kernels::gemm_options opt;
     opt.backend = backend;
     opt.accumulation = accumulation;
+    opt.fast_accumulation = fast;
     kernels::scaled_matmul(a.op(gpu), b.op(gpu), bias->flat(gpu, bias_t, nbias),
                            out->view(gpu, out_t, a.rows, b.rows, out_stride, out_offset), opt);
     gpu_test::cuda_ok(cudaDeviceSynchronize(), "sync");
@@ -305,9 +306,9 @@ problem make_problem(kind ka, kind kb, const options& o) {
 
 // Runs `backend` on the GPU; false (and nothing asserted) where it refuses the problem with
 // errc::unsupported and `may_refuse` allows it.
-bool run_gpu(problem& p, gemm_backend backend, bool may_refuse) {
+bool run_gpu(problem& p, gemm_backend backend, bool may_refuse, bool fast = false) {
   try {
-    p.run(true, backend);
+    p.run(true, backend, std::nullopt, fast);
   } catch (const error& e) {
     if (may_refuse && e.code() == errc::unsupported)
       return false;
@@ -721,49 +722,46 @@ void normal_scales(operand& o) {
   o.store();
 }
 
-// emu::hopper_fp8_accumulation (slow accumulation) on the CPU twin == `backend`'s fp8 GEMM on the
-// GPU bit for bit: e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3, K up to 2048, scales
-// none/tensor/rows, bias, every out dtype. Prints the counts of compared outputs and
-// mismatches; false where the backend refused every problem.
-bool hopper_model_matches(gemm_backend backend) {
+// emu::hopper_fp8_accumulation(fast) on the CPU twin == `backend`'s fp8 GEMM on the GPU (with
+// gemm_options::fast_accumulation = fast) bit for bit: e4m3 x e4m3, e4m3 x e5m2 and e5m2 x
+// e4m3, K up to 2048, scales none/tensor/rows, bias, every out dtype. Prints the counts of
+// compared outputs and mismatches; false where the backend refused every problem.
+bool hopper_model_matches(gemm_backend backend, bool fast = false) {
   std::int64_t compared = 0, mismatched = 0;
-  EXPECT_TRUE(
-      rc::check(std::string("gpu_gemm.hopper_model.") + kernels::gemm_backend_name(backend), [&] {
-        const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
-        const kind kb = ka == kind::e5m2 ? kind::e4m3 : *rc::gen::element(kind::e4m3, kind::e5m2);
-        options o;
-        o.v = values::finite;
-        o.aligned = true;
-        o.mn_multiple_of_16 = true;
-        o.k_multiple_of_16 = true;
-        o.max_k = 2048;
-        o.max_mn = 64; // the twin sums K up to 2048 under the model on the CPU: keep M and N small
-        problem p = make_problem(ka, kb, o);
-        stress_rows(p);
-        normal_scales(p.a);
-        normal_scales(p.b);
-        p.run(false, gemm_backend::automatic, emu::hopper_fp8_accumulation(false));
-        const auto cpu = p.result(false);
-        if (!run_gpu(p, backend, backend == gemm_backend::cutlass))
-          return;
-        const auto gpu = p.result(true);
-        const std::size_t es = kernels::dtype_size(p.out_t);
-        std::int64_t bad = 0;
-        for (std::int64_t m = 0; m < p.a.rows; ++m)
-          for (std::int64_t n = 0; n < p.b.rows; ++n) {
-            const std::size_t at =
-                static_cast<std::size_t>(p.out_offset + m * p.out_stride + n) * es;
-            bad += std::memcmp(cpu.data() + at, gpu.data() + at, es) != 0 ? 1 : 0;
-          }
-        compared += p.a.rows * p.b.rows;
-        mismatched += bad;
-        RC_ASSERT(same_bytes(cpu, gpu,
-                             std::string(kernels::gemm_backend_name(backend)) +
-                                 " vs the Hopper model on " + p.describe()));
-      }));
-  std::printf("[hopper model vs %s fp8] %lld outputs compared, %lld mismatches\n",
-              kernels::gemm_backend_name(backend), static_cast<long long>(compared),
-              static_cast<long long>(mismatched));
+  const std::string what =
+      std::string(kernels::gemm_backend_name(backend)) + (fast ? " fast accumulation" : "");
+  EXPECT_TRUE(rc::check("gpu_gemm.hopper_model." + what, [&] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
+    const kind kb = ka == kind::e5m2 ? kind::e4m3 : *rc::gen::element(kind::e4m3, kind::e5m2);
+    options o;
+    o.v = values::finite;
+    o.aligned = true;
+    o.mn_multiple_of_16 = true;
+    o.k_multiple_of_16 = true;
+    o.max_k = 2048;
+    o.max_mn = 64; // the twin sums K up to 2048 under the model on the CPU: keep M and N small
+    problem p = make_problem(ka, kb, o);
+    stress_rows(p);
+    normal_scales(p.a);
+    normal_scales(p.b);
+    p.run(false, gemm_backend::automatic, emu::hopper_fp8_accumulation(fast));
+    const auto cpu = p.result(false);
+    if (!run_gpu(p, backend, backend == gemm_backend::cutlass, fast))
+      return;
+    const auto gpu = p.result(true);
+    const std::size_t es = kernels::dtype_size(p.out_t);
+    std::int64_t bad = 0;
+    for (std::int64_t m = 0; m < p.a.rows; ++m)
+      for (std::int64_t n = 0; n < p.b.rows; ++n) {
+        const std::size_t at = static_cast<std::size_t>(p.out_offset + m * p.out_stride + n) * es;
+        bad += std::memcmp(cpu.data() + at, gpu.data() + at, es) != 0 ? 1 : 0;
+      }
+    compared += p.a.rows * p.b.rows;
+    mismatched += bad;
+    RC_ASSERT(same_bytes(cpu, gpu, what + " vs the Hopper model on " + p.describe()));
+  }));
+  std::printf("[hopper model vs %s fp8] %lld outputs compared, %lld mismatches\n", what.c_str(),
+              static_cast<long long>(compared), static_cast<long long>(mismatched));
   return compared > 0;
 }
 
@@ -774,6 +772,38 @@ TEST(gpu_gemm, native_fp8_equals_the_hopper_model_bit_for_bit) {
   if (device_cc() != 90)
     GTEST_SKIP() << "the model is fitted to sm_90's fp8 tensor cores";
   EXPECT_TRUE(hopper_model_matches(gemm_backend::cublaslt));
+}
+
+// cuBLASLt with fast accumulation (gemm_options::fast_accumulation) == the model's fast mode; the
+// other backends refuse the option, and so do non-fp8 operands.
+TEST(gpu_gemm, fast_accumulation_equals_the_hopper_model_bit_for_bit) {
+  LOWBIT_REQUIRE_GPU();
+  if (device_cc() != 90)
+    GTEST_SKIP() << "the model is fitted to sm_90's fp8 tensor cores";
+  EXPECT_TRUE(hopper_model_matches(gemm_backend::cublaslt, true));
+  EXPECT_TRUE(rc::check("gpu_gemm.fast_accumulation_refusals", [] {
+    options o;
+    o.aligned = true;
+    o.mn_multiple_of_16 = true;
+    o.k_multiple_of_16 = true;
+    o.max_k = 64;
+    problem p = make_problem(kind::e4m3, kind::e4m3, o);
+    for (gemm_backend b : {gemm_backend::simt, gemm_backend::cutlass, gemm_backend::widened}) {
+      try {
+        p.run(true, b, std::nullopt, true);
+        RC_FAIL(std::string(kernels::gemm_backend_name(b)) + " took fast_accumulation");
+      } catch (const error& e) {
+        RC_ASSERT(e.code() == errc::unsupported);
+      }
+    }
+    problem q = make_problem(kind::bf16, kind::bf16, o);
+    try {
+      q.run(true, gemm_backend::cublaslt, std::nullopt, true);
+      RC_FAIL("bfloat16 operands took fast_accumulation");
+    } catch (const error& e) {
+      RC_ASSERT(e.code() == errc::invalid_argument);
+    }
+  }));
 }
 
 // lowbit's CUTLASS fp8 kernels (promotion every 4 MMAs of k = 32, CUTLASS's default), where built.

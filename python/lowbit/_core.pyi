@@ -198,6 +198,7 @@ def scaled_matmul(
     accumulation: Optional[list[int]] = None,
     a_block: tuple[int, int] = (0, 0),
     b_block: tuple[int, int] = (0, 0),
+    fast_accumulation: bool = False,
 ) -> _Array: ...
 
 def _describe(obj: _Array, name: str = "x", writable: bool = False) -> dict[str, Any]: ...

@@ -279,6 +279,7 @@ def scaled_matmul(
     accumulation: Any = None,
     a_block: Any = None,
     b_block: Any = None,
+    fast_accumulation: bool = False,
 ) -> Any:
     """``out[m, n] = round(((float(acc[m, n]) * sb[n]) * sa[m]) + bias[n])`` (per-row scales; with
     one scale or none per operand ``round((float(acc[m, n]) * (sa * sb)) + bias[n])``) with
@@ -326,6 +327,11 @@ def scaled_matmul(
         afresh, for the others) is multiplied by its two scales, ``(acc_j * sb) * sa``, and the
         terms are summed in float32 in block order, the first as the start, then the bias
         (docs/techniques/gemm.md, "Block scales"). CPU twin and simt only.
+    fast_accumulation: cuBLASLt's fp8 fast accumulation (the tensor cores' partial sum is never
+        promoted into float32; on the H200 the sum of ``Accumulation.hopper(fast=True)``): fp8
+        operands on a CUDA device with fp8, backend "cublaslt" or "automatic" only (else
+        ValueError for other operands, RuntimeError for other backends, CPU arrays or with
+        ``accumulation``). Off: cuBLASLt's slow accumulation, ``Accumulation.hopper()``.
 
     Empty problems (M, N or K of 0) give round(bias) (zeros without a bias). Returns the result
     in the caller's array type on a's device (bfloat16 numpy results are ml_dtypes arrays).
@@ -336,6 +342,9 @@ def scaled_matmul(
     backend = _name("backend", backend)
     threads = _threads(threads)
     acc = None if accumulation is None else Accumulation.of(accumulation).fields()
+    if not isinstance(fast_accumulation, bool):
+        raise TypeError(f"fast_accumulation: expected a bool, got "
+                        f"{type(fast_accumulation).__name__}")
     ab, bb = _block("a_block", a_block), _block("b_block", b_block)
     arrays = [("a", a, None), ("b", b, None)]
     for name, value in (("a_scales", a_scales), ("b_scales", b_scales), ("bias", bias)):
@@ -347,6 +356,7 @@ def scaled_matmul(
         v = c.values
         result = _core.scaled_matmul(v["a"], v["b"], af, bf, v.get("a_scales"),
                                      v.get("b_scales"), v.get("bias"), dt, v.get("out"),
-                                     backend, _empty(c), threads, c.stream, acc, ab, bb)
+                                     backend, _empty(c), threads, c.stream, acc, ab, bb,
+                                     fast_accumulation)
         return out if out is not None else c.result(result)
 

@@ -26,10 +26,15 @@ namespace {
 // The kernels name an operand's parts after the C++ struct (a.codes, a.scales, a.fmt), in the
 // middle of their messages too; Python has one argument for each.
 const std::pair<const char*, const char*> gemm_names[] = {
-    {"a.codes", "a"},           {"b.codes", "b"},
-    {"a.scales", "a_scales"},   {"b.scales", "b_scales"},
-    {"a.fmt", "a_fmt"},         {"b.fmt", "b_fmt"},
-    {"opt.backend", "backend"}, {"opt.accumulation", "accumulation"}};
+    {"a.codes", "a"},
+    {"b.codes", "b"},
+    {"a.scales", "a_scales"},
+    {"b.scales", "b_scales"},
+    {"a.fmt", "a_fmt"},
+    {"b.fmt", "b_fmt"},
+    {"opt.backend", "backend"},
+    {"opt.accumulation", "accumulation"},
+    {"opt.fast_accumulation", "fast_accumulation"}};
 
 // Built by appending pieces: GCC 12 warns falsely (-Wstringop-overflow) on std::string::replace.
 [[noreturn]] void rethrow_gemm(const error& e) {
@@ -152,7 +157,8 @@ py::object scaled_matmul(py::handle a, py::handle b, py::handle a_fmt, py::handl
                          std::int64_t threads, std::uintptr_t stream,
                          const std::optional<std::vector<std::int64_t>>& accumulation,
                          const std::pair<std::int64_t, std::int64_t>& a_block,
-                         const std::pair<std::int64_t, std::int64_t>& b_block) {
+                         const std::pair<std::int64_t, std::int64_t>& b_block,
+                         bool fast_accumulation) {
   kernels::gemm_operand ga, gb;
   ga.fmt = operand_format(a_fmt, "a_fmt");
   gb.fmt = operand_format(b_fmt, "b_fmt");
@@ -164,6 +170,7 @@ py::object scaled_matmul(py::handle a, py::handle b, py::handle a_fmt, py::handl
   opt.backend = parse_backend(backend);
   if (accumulation)
     opt.accumulation = accumulation_of(*accumulation);
+  opt.fast_accumulation = fast_accumulation;
   const kernels::exec ex = exec_of(threads, stream);
   const array_arg aa = take(a, "a", stream, operand_rule);
   const array_arg ba = take(b, "b", stream, operand_rule);
@@ -221,7 +228,8 @@ void bind_gemm(py::module_& m) {
         py::arg("out_dtype"), py::arg("out"), py::arg("backend"), py::arg("empty"),
         py::arg("threads"), py::arg("stream"), py::arg("accumulation") = py::none(),
         py::arg("a_block") = std::pair<std::int64_t, std::int64_t>{0, 0},
-        py::arg("b_block") = std::pair<std::int64_t, std::int64_t>{0, 0});
+        py::arg("b_block") = std::pair<std::int64_t, std::int64_t>{0, 0},
+        py::arg("fast_accumulation") = false);
 }
 
 } // namespace lowbit::python

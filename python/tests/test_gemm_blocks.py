@@ -261,6 +261,15 @@ I8 = np.zeros((4, 64), np.int8)
     (lambda: lowbit.scaled_matmul(Z8, Z8, a_fmt="e4m3fn", b_fmt="e4m3fn",
                                   a_scales=np.ones(4, F32), a_block="rows"),
      ValueError, "a_block: block scales come from"),
+    (lambda: lowbit.scaled_matmul(I8, I8, a_fmt="int8", b_fmt="int8", fast_accumulation=True),
+     ValueError, "fast_accumulation: a mode of the fp8 tensor cores"),
+    (lambda: lowbit.scaled_matmul(Z8, Z8, a_fmt="e4m3fn", b_fmt="e4m3fn", fast_accumulation=True),
+     RuntimeError, "fast_accumulation: cuBLASLt's mode, on CUDA views only"),
+    (lambda: lowbit.scaled_matmul(Z8, Z8, a_fmt="e4m3fn", b_fmt="e4m3fn", fast_accumulation=True,
+                                  accumulation=Acc.hopper(fast=True)),
+     RuntimeError, "fast_accumulation: cuBLASLt's hardware sum; with accumulation"),
+    (lambda: lowbit.scaled_matmul(Z8, Z8, a_fmt="e4m3fn", b_fmt="e4m3fn", fast_accumulation=1),
+     TypeError, "fast_accumulation: expected a bool"),
 ])
 def test_errors_name_the_argument(call, exc, message):
     with pytest.raises(exc, match=message):

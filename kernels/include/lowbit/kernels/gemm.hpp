@@ -59,6 +59,13 @@ struct gemm_options {
   // refused everywhere (the reference computes it), and so is any model for int8 operands
   // (errc::invalid_argument: their sums are exact).
   std::optional<emu::accumulation> accumulation;
+  // cuBLASLt's fp8 fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): the tensor cores' partial
+  // sum is never promoted into float32 (on the H200: emu::hopper_fp8_accumulation(true)'s sum,
+  // fp8-training.md). fp8 operands on CUDA views, backend cublaslt or automatic (which then
+  // runs cuBLASLt) only: other operands are refused with errc::invalid_argument, other backends,
+  // CPU views and a device without fp8 with errc::unsupported, and so is it with accumulation
+  // set. Off: cuBLASLt's slow accumulation (emu::hopper_fp8_accumulation(false) on the H200).
+  bool fast_accumulation = false;
 };
 
 // out[m, n] = round((float(acc[m, n]) * (sa * sb)) + bias[n]) where neither operand has per-row
