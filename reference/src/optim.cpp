@@ -29,10 +29,14 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
                    (rule == optim_rule::rmsprop && (h.momentum != 0.0 || h.centered));
   const bool one =
       !two && !((rule == optim_rule::sgd || rule == optim_rule::lars) && h.momentum == 0.0);
+  const bool three = ((rule == optim_rule::adam || rule == optim_rule::adamw) && h.amsgrad) ||
+                     (rule == optim_rule::rmsprop && h.momentum != 0.0 && h.centered);
   if ((one || two) && x.s1.size() != n)
     throw std::invalid_argument("optimizer_step_exact: s1 and p differ in size");
   if (two && x.s2.size() != n)
     throw std::invalid_argument("optimizer_step_exact: s2 and p differ in size");
+  if (three && x.s3.size() != n)
+    throw std::invalid_argument("optimizer_step_exact: s3 and p differ in size");
   const hp lr = h.lr, b1 = h.beta1, b2 = h.beta2, eps = h.eps, wd = h.weight_decay;
   const hp t = static_cast<double>(h.step);
   optim_exact r;
@@ -41,6 +45,8 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
     r.s1.resize(n);
   if (two)
     r.s2.resize(n);
+  if (three)
+    r.s3.resize(n);
   const auto g_of = [&](std::size_t i) { return h.maximize ? -hp(x.g[i]) : hp(x.g[i]); };
   // StableAdamW: the new second moments first, for the RMS.
   hp bh1 = 0, bh2 = 0, eta = lr;
@@ -106,9 +112,12 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
         g = g + wd * p;
       const hp m = b1 * hp(x.s1[i]) + (1 - b1) * g;
       const hp v = b2 * hp(x.s2[i]) + (1 - b2) * g * g;
-      p = p - lr / (1 - pow(b1, t)) * m / (sqrt(v) / sqrt(1 - pow(b2, t)) + eps);
+      const hp vmax = h.amsgrad ? std::max(hp(x.s3[i]), v) : v;
+      p = p - lr / (1 - pow(b1, t)) * m / (sqrt(vmax) / sqrt(1 - pow(b2, t)) + eps);
       r.s1[i] = static_cast<double>(m);
       r.s2[i] = static_cast<double>(v);
+      if (h.amsgrad)
+        r.s3[i] = static_cast<double>(vmax);
       break;
     }
     case optim_rule::stable_adamw: {
@@ -142,14 +151,14 @@ optim_exact optimizer_step_exact(optim_rule rule, const optim_settings& h, const
       r.s1[i] = static_cast<double>(v);
       hp var = v;
       if (h.centered) {
-        const hp s = b2 * hp(x.s2[i]) + (1 - b2) * g;
+        const hp s = b2 * hp((three ? x.s3 : x.s2)[i]) + (1 - b2) * g;
         var = v - s * s;
         if (var < 0)
           var = 0;
-        r.s2[i] = static_cast<double>(s);
+        (three ? r.s3 : r.s2)[i] = static_cast<double>(s);
       }
       const hp d = sqrt(var) + eps;
-      if (h.momentum != 0.0 && !h.centered) {
+      if (h.momentum != 0.0) {
         const hp buf = hp(h.momentum) * hp(x.s2[i]) + g / d;
         r.s2[i] = static_cast<double>(buf);
         p = p - lr * buf;

@@ -21,6 +21,7 @@ struct optim_settings {
   double momentum = 0.0, dampening = 0.0;
   bool nesterov = false;
   bool centered = false; // rmsprop
+  bool amsgrad = false;  // adam, adamw
   double lr_decay = 0.0;
   bool maximize = false;
   std::int64_t step = 1;
@@ -30,24 +31,25 @@ struct optim_settings {
   bool bias_correction = true;                                      // lamb
 };
 
-// One tensor's values before the step (finite): s1, s2 the states' values (dequantized for
+// One tensor's values before the step (finite): s1, s2, s3 the states' values (dequantized for
 // 8-bit states), empty where the optimizer keeps fewer.
 struct optim_values {
-  std::vector<double> p, g, s1, s2;
+  std::vector<double> p, g, s1, s2, s3;
 };
 
 // The step's results, each the 50-digit value rounded once to double. rms: StableAdamW's
 // sqrt(mean(g^2 / max(v_t, eps^2))) over the whole tensor. LAMB: norm_p = ||p||, norm_q = ||u||;
 // LARS: norm_p = ||p||, norm_q = ||g||; ratio: their trust ratio after the clamp (1 when off).
 struct optim_exact {
-  std::vector<double> p, s1, s2;
+  std::vector<double> p, s1, s2, s3;
   double rms = 0.0;
   double norm_p = 0.0, norm_q = 0.0, ratio = 1.0;
 };
 
 // Equations (t = step, every optimizer's g negated first under maximize):
 //   adam:  g += wd p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-//          p -= lr/(1-b1^t) m / (sqrt(v)/sqrt(1-b2^t) + eps)
+//          p -= lr/(1-b1^t) m / (sqrt(v)/sqrt(1-b2^t) + eps); amsgrad (s3 the running maximum
+//          vmax of v): vmax = max(vmax, v), and vmax in v's place in the step
 //   adamw: p *= 1 - lr wd, then adam without the L2 term
 //   stable_adamw: bh_i = b_i (1 - b_i^(t-1)) / (1 - b_i^t); u = bh1 u + (1-bh1) g;
 //          v = bh2 v + (1-bh2) g^2; eta = lr / max(1, rms); p = p (1 - eta wd) - eta
@@ -55,9 +57,10 @@ struct optim_exact {
 //   sgd:   g += wd p; buf = g (t = 1) or mom buf + (1-damp) g; g = g + mom buf (nesterov) or buf;
 //          p -= lr g (no state without momentum)
 //   lion:  p *= 1 - lr wd; p -= lr sign(b1 m + (1-b1) g); m = b2 m + (1-b2) g
-//   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2); d = sqrt(v) + eps, or centered
-//          (s1 v, s2 the gradient's average s = a s + (1-a) g) d = sqrt(max(v - s^2, 0)) + eps;
-//          with momentum (s2 the buffer) buf = mom buf + g / d, p -= lr buf, else p -= lr g / d
+//   rmsprop: g += wd p; v = a v + (1-a) g^2 (a = beta2, s1 v); d = sqrt(v) + eps, or centered
+//          (the gradient's average s = a s + (1-a) g: s2, or s3 with momentum too)
+//          d = sqrt(max(v - s^2, 0)) + eps; with momentum (s2 the buffer) buf = mom buf + g / d,
+//          p -= lr buf, else p -= lr g / d
 //   adagrad: g += wd p; s += g^2; p -= lr/(1 + (t-1) lr_decay) g / (sqrt(s) + eps)
 //   lamb:  m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; u = (m/c1) / (sqrt(v/c2) + eps) + wd p
 //          (c1 = 1-b1^t, c2 = 1-b2^t with bias correction, else 1); r = ||p|| / ||u|| (1 where
