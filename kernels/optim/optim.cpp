@@ -29,12 +29,12 @@ const char* optimizer_name(optimizer o) {
 int optimizer_states(optimizer o, const optim_hparams& h) {
   switch (o) {
   case optimizer::adam:
-  case optimizer::adamw:
+  case optimizer::adamw: return h.amsgrad ? 3 : 2;
   case optimizer::stable_adamw:
   case optimizer::lamb: return 2;
   case optimizer::sgd:
   case optimizer::lars: return h.momentum != 0.0 ? 1 : 0;
-  case optimizer::rmsprop: return h.momentum != 0.0 || h.centered ? 2 : 1;
+  case optimizer::rmsprop: return 1 + (h.momentum != 0.0 ? 1 : 0) + (h.centered ? 1 : 0);
   default: return 1;
   }
 }
@@ -80,10 +80,6 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   case optimizer::rmsprop:
     in(h.beta2, 0.0, 1.0, true, "beta2 (alpha)");
     in(h.momentum, 0.0, 1.0, true, "momentum");
-    require(h.momentum == 0.0 || !h.centered, errc::invalid_argument, [&] {
-      return name + "momentum and centered together need three states; one of them at a time "
-                    "is implemented";
-    });
     break;
   case optimizer::sgd:
   case optimizer::lars:
@@ -97,6 +93,8 @@ void check_hparams(optimizer o, const optim_hparams& h) {
             [&] { return name + "lr_decay must be finite and >= 0"; });
     break;
   }
+  require(!h.amsgrad || o == optimizer::adam || o == optimizer::adamw, errc::invalid_argument,
+          [&] { return name + "amsgrad applies to adam and adamw only"; });
   if (o == optimizer::stable_adamw)
     require(h.eps > 0.0, errc::invalid_argument, [&] {
       return name + "eps must be > 0 (eps^2 floors the second moment in the RMS term)";
@@ -208,8 +206,8 @@ param_kind kind_of(dtype t) {
 // call over hundreds of valid tensors builds no message); throws lowbit::error.
 void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const optim_tensor& t,
                   const device& dev) {
-  const char* sname[2] = {"state1", "state2"};
-  const char* aname[2] = {"absmax1", "absmax2"};
+  const char* sname[3] = {"state1", "state2", "state3"};
+  const char* aname[3] = {"absmax1", "absmax2", "absmax3"};
   require_valid(t.param, at(j, "param").c_str());
   require_valid(t.grad, at(j, "grad").c_str());
   require_dtype(t.param, at(j, "param").c_str(), {dtype::float32, dtype::bfloat16, dtype::float16});
@@ -243,9 +241,9 @@ void check_tensor(optimizer o, int ns, std::int64_t block, std::int64_t j, const
     require_same_device(t.param, at(j, "param").c_str(), r, at(j, "residual").c_str());
   }
   bool eight_bit = false;
-  const tensor_view* st[2] = {&t.state1, &t.state2};
-  const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
-  for (int k = 0; k < 2; ++k) {
+  const tensor_view* st[3] = {&t.state1, &t.state2, &t.state3};
+  const tensor_view* am[3] = {&t.absmax1, &t.absmax2, &t.absmax3};
+  for (int k = 0; k < 3; ++k) {
     const tensor_view& s = *st[k];
     if (k >= ns) {
       require(s.data == nullptr && am[k]->data == nullptr, errc::invalid_argument, [&] {
@@ -325,9 +323,9 @@ bool plainly_valid(const optim_tensor& t, int ns, std::int64_t block, const devi
                             r.dev != dev || (r.type != dtype::int16 && r.type != dtype::int8)))
     return false;
   const bool eight = ns > 0 && t.state1.type == dtype::uint8;
-  const tensor_view* st[2] = {&t.state1, &t.state2};
-  const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
-  for (int k = 0; k < 2; ++k) {
+  const tensor_view* st[3] = {&t.state1, &t.state2, &t.state3};
+  const tensor_view* am[3] = {&t.absmax1, &t.absmax2, &t.absmax3};
+  for (int k = 0; k < 3; ++k) {
     const tensor_view &s = *st[k], &a = *am[k];
     if (k >= ns) {
       if (s.data != nullptr || a.data != nullptr)
@@ -381,8 +379,8 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
   const int ns = p.sh.states;
 
   bool any = false;
-  const char* sname[2] = {"state1", "state2"};
-  const char* aname[2] = {"absmax1", "absmax2"};
+  const char* sname[3] = {"state1", "state2", "state3"};
+  const char* aname[3] = {"absmax1", "absmax2", "absmax3"};
   for (std::int64_t j = 0; j < count; ++j) {
     const optim_tensor& t = tensors[j];
     if (!any) {
@@ -400,8 +398,8 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     it.block0 = p.total_blocks;
     it.ptype = kind_of(t.param.type);
     it.eight_bit = ns > 0 && t.state1.type == dtype::uint8;
-    const tensor_view* st[2] = {&t.state1, &t.state2};
-    const tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+    const tensor_view* st[3] = {&t.state1, &t.state2, &t.state3};
+    const tensor_view* am[3] = {&t.absmax1, &t.absmax2, &t.absmax3};
     if (cfg.check_device_memory && p.dev.type == device_type::cuda && n > 0) {
       const std::string pn = at(j, "param"), gn = at(j, "grad");
       require_device_memory({&t.param, &t.grad}, {pn.c_str(), gn.c_str()});
@@ -422,6 +420,8 @@ void optimizer_step(optimizer o, const optim_hparams& h, const optim_tensor* ten
     it.s2 = t.state2.data;
     it.a1 = static_cast<float*>(t.absmax1.data);
     it.a2 = static_cast<float*>(t.absmax2.data);
+    it.s3 = t.state3.data;
+    it.a3 = static_cast<float*>(t.absmax3.data);
     if (t.residual.data != nullptr) {
       it.resid = t.residual.data;
       it.rbits = t.residual.type == dtype::int16 ? 16 : 8;

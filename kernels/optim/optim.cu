@@ -19,7 +19,8 @@
 // and u or g; then each tensor's pair) in the tree that optim_cpu.cpp mirrors: each lane sums its
 // eight elements in slot order, then the lanes pairwise by halving strides.
 //
-// The kernels are in optim_step.cuh; this file dispatches to the optimizer's instance.
+// The kernels are in optim_step.cuh; this file dispatches to the optimizer's instance: the form
+// of three states (optim_three.cu) where the call keeps three.
 #include "optim_step.hpp"
 
 #include <cuda_runtime.h>
@@ -97,6 +98,16 @@ step_tables resident_tables(const optim_problem& p) {
 
 void optimizer_step(const optim_problem& p, const exec& ex) {
   using o = optimizer;
+  if (p.sh.states == 3) { // adam and adamw with amsgrad, rmsprop with momentum and centered
+    switch (p.sh.kind) {
+    case o::adam: return launch_step3<o::adam>(p, ex);
+    case o::adamw: return launch_step3<o::adamw>(p, ex);
+    case o::rmsprop: return launch_step3<o::rmsprop>(p, ex);
+    default:
+      throw error(errc::unsupported, "optimizer step: three states for an optimizer that "
+                                     "keeps at most two");
+    }
+  }
   switch (p.sh.kind) {
   case o::adam: return launch_step<o::adam>(p, ex);
   case o::adamw: return launch_step<o::adamw>(p, ex);

@@ -111,9 +111,11 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
   const std::int64_t block = p.sh.block, b = wb - it.block0, i0 = b * block;
   const std::int64_t m = std::min(block, it.n - i0);
   const int ns = p.sh.states;
-  const bops::tables* tb[2] = {d::state_signed(p.sh.kind, 0) ? &p.tb_signed : &p.tb_unsigned,
-                               d::state_signed(p.sh.kind, 1) ? &p.tb_signed : &p.tb_unsigned};
-  float np[2048], s1[2048], s2[2048];
+  const auto table = [&](int k) {
+    return d::state_signed(p.sh.kind, k) ? &p.tb_signed : &p.tb_unsigned;
+  };
+  const bops::tables* tb[3] = {table(0), table(1), table(2)};
+  float np[2048], s1[2048], s2[2048], s3[2048];
   // A block the pre-pass left out of its tensor's sums is left untouched too.
   bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
   for (std::int64_t e = 0; e < m; ++e) {
@@ -122,12 +124,21 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     const float g = d::load_param(it.ptype, it.grad, i);
     const float a = ns > 0 ? d::load_state(it, 0, tb[0]->value, i, b) : 0.0f;
     const float c = ns > 1 ? d::load_state(it, 1, tb[1]->value, i, b) : 0.0f;
-    const optim_ops::result r = d::update(p.sh.kind, p.sh, eta, decay, p0, g, a, c);
+    const float x = ns > 2 ? d::load_state(it, 2, tb[2]->value, i, b) : 0.0f;
+    optim_ops::result3 r;
+    if (ns > 2) {
+      r = d::update<true>(p.sh.kind, p.sh, eta, decay, p0, g, a, c, x);
+    } else {
+      const optim_ops::result r2 = d::update<false>(p.sh.kind, p.sh, eta, decay, p0, g, a, c, x);
+      r = {r2.p, r2.s1, r2.s2, 0.0f};
+    }
     np[e] = r.p;
     s1[e] = r.s1;
     s2[e] = r.s2;
+    s3[e] = r.s3;
     bad |= !optim_ops::finite(g) | !optim_ops::finite(d::stored_value(it, r.p)) |
-           (ns > 0 && !optim_ops::finite(r.s1)) | (ns > 1 && !optim_ops::finite(r.s2));
+           (ns > 0 && !optim_ops::finite(r.s1)) | (ns > 1 && !optim_ops::finite(r.s2)) |
+           (ns > 2 && !optim_ops::finite(r.s3));
   }
   if (bad) {
     if (p.skipped != nullptr)
@@ -136,9 +147,10 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
   }
   for (std::int64_t e = 0; e < m; ++e)
     d::store_param(it, i0 + e, np[e]);
-  float* sv[2] = {s1, s2};
-  void* dst[2] = {it.s1, it.s2};
-  float* am[2] = {it.a1, it.a2};
+  float* sv[3] = {s1, s2, s3};
+  void* dst[3] = {it.s1, it.s2, it.s3};
+  float* am[3] = {it.a1, it.a2, it.a3};
+  const int streams = d::random_streams(ns);
   for (int k = 0; k < ns; ++k) {
     if (!it.eight_bit) {
       std::copy(sv[k], sv[k] + m, static_cast<float*>(dst[k]) + i0);
@@ -150,7 +162,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     am[k][b] = emu::detail::bit_cast<float>(amax);
     auto* codes = static_cast<std::uint8_t*>(dst[k]);
     for (std::int64_t e = 0; e < m; ++e) {
-      const std::uint32_t rb = p.sh.stochastic ? d::random_bits(p.sh, j, k, i0 + e) : 0u;
+      const std::uint32_t rb = p.sh.stochastic ? d::random_bits(p.sh, streams, j, k, i0 + e) : 0u;
       codes[i0 + e] = d::encode_state(*tb[k], sv[k][e], amax, p.sh.stochastic, rb);
     }
   }

@@ -48,6 +48,10 @@ struct optim_item {
   // rbits 0 without one. The parameter and the residual together are the float32 master.
   void* resid = nullptr;
   std::uint8_t rbits = 0;
+  // The third state (adam's amsgrad, rmsprop with momentum and centered), of the kind of the
+  // other two; null where the call keeps two or fewer.
+  void* s3 = nullptr;
+  float* a3 = nullptr;
 };
 
 // What every element of a call shares (trivially copyable; a kernel parameter).
@@ -82,8 +86,16 @@ namespace bops = blockwise_ops;
 
 // optimizer_state_signed, for device code too.
 LOWBIT_HD LOWBIT_INLINE constexpr bool state_signed(optimizer o, int k) {
-  // rmsprop: the square average (state 0) and the momentum buffer or the gradient's average.
-  return o == optimizer::adagrad ? false : (o == optimizer::rmsprop ? k == 1 : k == 0);
+  // rmsprop: the square average (state 0), then the momentum buffer and the gradient's average;
+  // the others: the first moment or momentum (state 0), then second moments (adam's v and its
+  // running maximum).
+  return o == optimizer::adagrad ? false : (o == optimizer::rmsprop ? k >= 1 : k == 0);
+}
+
+// The Philox streams per tensor of a call: one per state it may keep, at least two (the streams
+// of the one- and two-state calls stay where they were).
+LOWBIT_HD LOWBIT_INLINE constexpr int random_streams(int states) {
+  return states > 2 ? 3 : 2;
 }
 
 LOWBIT_HD LOWBIT_INLINE float load_param(param_kind t, const void* p, std::int64_t i) {
@@ -177,38 +189,52 @@ LOWBIT_HD LOWBIT_INLINE float stored_value(const optim_item& it, float x) {
 // State k's value of element i (b its block).
 LOWBIT_HD LOWBIT_INLINE float load_state(const optim_item& it, int k, const float* value,
                                          std::int64_t i, std::int64_t b) {
-  const void* s = k == 0 ? it.s1 : it.s2;
+  const void* s = k == 0 ? it.s1 : (k == 1 ? it.s2 : it.s3);
   if (!it.eight_bit)
     return static_cast<const float*>(s)[i];
-  const float* a = k == 0 ? it.a1 : it.a2;
+  const float* a = k == 0 ? it.a1 : (k == 1 ? it.a2 : it.a3);
   return bops::decode(value[static_cast<const std::uint8_t*>(s)[i]], a[b]);
 }
 
 // The update of one element by optimizer `kind` (sh.kind; the CUDA kernel passes it as a
 // compile-time constant, so that each of its instances holds one update); eta and decay are the
 // tensor's pair (StableAdamW: eta and 1 - eta wd; LAMB: lr times the trust ratio; LARS: the
-// trust ratio, in eta).
-LOWBIT_HD LOWBIT_INLINE optim_ops::result update(optimizer kind, const optim_shared& sh, float eta,
-                                                 float decay, float p, float g, float s1,
-                                                 float s2) {
-  switch (kind) {
-  case optimizer::adam: return optim_ops::adam(sh.c, false, p, g, s1, s2);
-  case optimizer::adamw: return optim_ops::adam(sh.c, true, p, g, s1, s2);
-  case optimizer::stable_adamw: return optim_ops::stable_adamw(sh.c, eta, decay, p, g, s1, s2);
-  case optimizer::sgd: return optim_ops::sgd(sh.c, sh.states > 0, p, g, s1);
-  case optimizer::lion: return optim_ops::lion(sh.c, p, g, s1);
-  case optimizer::rmsprop: return optim_ops::rmsprop(sh.c, sh.states > 1, p, g, s1, s2);
-  case optimizer::lamb: return optim_ops::lamb(sh.c, eta, p, g, s1, s2);
-  case optimizer::lars: return optim_ops::lars(sh.c, sh.states > 0, eta, p, g, s1);
-  default: return optim_ops::adagrad(sh.c, p, g, s1);
+// trust ratio, in eta). S3: the call keeps three states (sh.states == 3: adam and adamw with
+// amsgrad, rmsprop with momentum and centered; s3 the third), a compile-time form so that the
+// updates of one and two states are what they were without it.
+template <bool S3>
+LOWBIT_HD LOWBIT_INLINE optim_ops::result_t<S3> update(optimizer kind, const optim_shared& sh,
+                                                       float eta, float decay, float p, float g,
+                                                       float s1, float s2, float s3) {
+  if constexpr (S3) {
+    switch (kind) {
+    case optimizer::adam: return optim_ops::adam<true>(sh.c, false, p, g, s1, s2, s3);
+    case optimizer::adamw: return optim_ops::adam<true>(sh.c, true, p, g, s1, s2, s3);
+    default: return optim_ops::rmsprop<true>(sh.c, true, p, g, s1, s2, s3);
+    }
+  } else {
+    switch (kind) {
+    case optimizer::adam: return optim_ops::adam<false>(sh.c, false, p, g, s1, s2, s3);
+    case optimizer::adamw: return optim_ops::adam<false>(sh.c, true, p, g, s1, s2, s3);
+    case optimizer::stable_adamw: return optim_ops::stable_adamw(sh.c, eta, decay, p, g, s1, s2);
+    case optimizer::sgd: return optim_ops::sgd(sh.c, sh.states > 0, p, g, s1);
+    case optimizer::lion: return optim_ops::lion(sh.c, p, g, s1);
+    case optimizer::rmsprop:
+      return optim_ops::rmsprop<false>(sh.c, sh.states > 1, p, g, s1, s2, s3);
+    case optimizer::lamb: return optim_ops::lamb(sh.c, eta, p, g, s1, s2);
+    case optimizer::lars: return optim_ops::lars(sh.c, sh.states > 0, eta, p, g, s1);
+    default: return optim_ops::adagrad(sh.c, p, g, s1);
+    }
   }
 }
 
-// The random bits of element i of state k of tensor j.
-LOWBIT_HD LOWBIT_INLINE std::uint32_t random_bits(const optim_shared& sh, std::int64_t j, int k,
-                                                  std::int64_t i) {
-  const emu::random_stream rng{sh.seed, sh.offset + 2u * static_cast<std::uint64_t>(j) +
-                                            static_cast<std::uint64_t>(k)};
+// The random bits of element i of state k of tensor j, in a call of `streams` Philox streams per
+// tensor (random_streams).
+LOWBIT_HD LOWBIT_INLINE std::uint32_t random_bits(const optim_shared& sh, int streams,
+                                                  std::int64_t j, int k, std::int64_t i) {
+  const emu::random_stream rng{
+      sh.seed, sh.offset + static_cast<std::uint64_t>(streams) * static_cast<std::uint64_t>(j) +
+                   static_cast<std::uint64_t>(k)};
   return rng.bits(static_cast<std::uint64_t>(i));
 }
 

@@ -8,10 +8,16 @@
 // (the library is built with -ffp-contract=off and nvcc --fmad=false, so nothing is fused). The
 // sequences follow torch.optim's single-tensor paths where an optimizer exists there, so the
 // 32-bit variants stay within a few ulps of torch's.
+//
+// An update with a third state (adam's amsgrad, rmsprop with momentum and centered) is the same
+// function's form for a compile-time flag, returning result3: the one- and two-state forms return
+// result and compile to what they were before the third state existed (the CUDA kernel is tuned
+// on them; a fourth float in their result alone moves its register allocation).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <lowbit/emu/config.hpp>
 
@@ -36,14 +42,19 @@ struct coeffs {
   float eps2 = 0.0f;     // stable_adamw: eps^2, the floor of v in the RMS term
   bool first = false;    // sgd, lars: the first step copies the gradient into the momentum
   bool nesterov = false; // sgd, lars
-  bool centered = false; // rmsprop: the second state is the gradient's average, not a momentum
+  bool centered = false; // rmsprop with two states: the second is the gradient's average, not a
+                         // momentum buffer
   bool maximize = false; // every optimizer: ascend instead of descend
 };
 
-// The new values of one element.
+// The new values of one element: the parameter and up to two states; result3 with the third.
 struct result {
   float p, s1, s2;
 };
+struct result3 {
+  float p, s1, s2, s3;
+};
+template <bool S3> using result_t = std::conditional_t<S3, result3, result>;
 
 LOWBIT_HD LOWBIT_INLINE float sqrt_rn(float x) {
 #if defined(__CUDA_ARCH__)
@@ -64,8 +75,15 @@ LOWBIT_HD LOWBIT_INLINE float lerp(float m, float g, float w) {
 // corrections folded into the coefficients (Kingma and Ba's "more efficient" order, section 2):
 // p += (-lr') m / (sqrt(v) + eps') with lr' = lr sqrt(1 - b2^t) / (1 - b1^t) and
 // eps' = eps sqrt(1 - b2^t), the same value with one division less per element.
-LOWBIT_HD LOWBIT_INLINE result adam(const coeffs& c, bool decoupled, float p, float g, float m,
-                                    float v) {
+//
+// Amsgrad (Reddi, Kale, Kumar 2018; torch's amsgrad=True) keeps the third state vmax: after v,
+// vmax = max(vmax, v) (torch.maximum, exact), and the denominator takes vmax in v's place:
+// p += (-lr') m / (sqrt(vmax) + eps'), torch's lr / (1 - b1^t) m / (sqrt(vmax) / sqrt(1 - b2^t)
+// + eps) folded as above, so it stays within the plain step's few ulps of torch's. Where v is NaN
+// the maximum keeps vmax (torch's would be NaN); such a block writes nothing either way.
+template <bool Amsgrad>
+LOWBIT_HD LOWBIT_INLINE result_t<Amsgrad> adam(const coeffs& c, bool decoupled, float p, float g,
+                                               float m, float v, [[maybe_unused]] float vmax) {
   if (c.maximize)
     g = -g;
   if (decoupled)
@@ -74,8 +92,14 @@ LOWBIT_HD LOWBIT_INLINE result adam(const coeffs& c, bool decoupled, float p, fl
     g = g + c.wd * p;
   m = lerp(m, g, c.one_m_b1);
   v = v * c.beta2 + c.one_m_b2 * g * g;
-  p = p + -c.lr * m / (sqrt_rn(v) + c.eps);
-  return {p, m, v};
+  if constexpr (Amsgrad) {
+    vmax = v > vmax ? v : vmax;
+    p = p + -c.lr * m / (sqrt_rn(vmax) + c.eps);
+    return {p, m, v, vmax};
+  } else {
+    p = p + -c.lr * m / (sqrt_rn(v) + c.eps);
+    return {p, m, v};
+  }
 }
 
 // StableAdamW (Wortsman et al. 2023, Algorithm 2), the moments with the debiased betas
@@ -133,35 +157,47 @@ LOWBIT_HD LOWBIT_INLINE result lion(const coeffs& c, float p, float g, float m) 
 }
 
 // RMSprop (torch): g += wd p; v = v alpha + (1 - alpha) g g; the denominator d = sqrt(v) + eps,
-// or centered (the second state s the gradient's average, s.lerp_(g, 1 - alpha)) d = sqrt(max(v -
-// s s, 0)) + eps; with momentum (the second state the buffer) buf = buf mom + g / d and p -= lr
-// buf, else p -= lr g / d. The clamp at 0 departs from torch only where torch's sqrt would see a
-// negative variance (rounding, or two 8-bit states quantized apart) and return NaN. One second
-// state at most: momentum and centered together are refused (optim.cpp).
-LOWBIT_HD LOWBIT_INLINE result rmsprop(const coeffs& c, bool second, float p, float g, float v,
-                                       float s) {
+// or centered (the gradient's average s.lerp_(g, 1 - alpha)) d = sqrt(max(v - s s, 0)) + eps;
+// with momentum buf = buf mom + g / d and p -= lr buf, else p -= lr g / d. The clamp at 0 departs
+// from torch only where torch's sqrt would see a negative variance (rounding, or two 8-bit states
+// quantized apart) and return NaN. The states: v, then with `second` s2, the gradient's average
+// where c.centered, else the momentum buffer. Both (the form Both, torch's full sequence; `second`
+// and c.centered then say nothing): v, the momentum buffer s2 and the gradient's average s3.
+template <bool Both>
+LOWBIT_HD LOWBIT_INLINE result_t<Both> rmsprop(const coeffs& c, bool second, float p, float g,
+                                               float v, float s2, [[maybe_unused]] float s3) {
   if (c.maximize)
     g = -g;
   g = g + c.wd * p;
   v = v * c.beta2 + c.one_m_b2 * g * g;
-  if (!second) {
-    p = p + -c.lr * g / (sqrt_rn(v) + c.eps);
-    return {p, v, 0.0f};
-  }
-  float var = v;
-  if (c.centered) {
-    s = lerp(s, g, c.one_m_b2);
-    var = v - s * s;
+  if constexpr (Both) {
+    s3 = lerp(s3, g, c.one_m_b2);
+    float var = v - s3 * s3;
     var = var > 0.0f ? var : 0.0f;
+    const float d = sqrt_rn(var) + c.eps;
+    s2 = s2 * c.beta1 + g / d;
+    p = p + -c.lr * s2;
+    return {p, v, s2, s3};
+  } else {
+    if (!second) {
+      p = p + -c.lr * g / (sqrt_rn(v) + c.eps);
+      return {p, v, 0.0f};
+    }
+    float var = v;
+    if (c.centered) {
+      s2 = lerp(s2, g, c.one_m_b2);
+      var = v - s2 * s2;
+      var = var > 0.0f ? var : 0.0f;
+    }
+    const float d = sqrt_rn(var) + c.eps;
+    if (c.centered) {
+      p = p + -c.lr * g / d;
+      return {p, v, s2};
+    }
+    s2 = s2 * c.beta1 + g / d;
+    p = p + -c.lr * s2;
+    return {p, v, s2};
   }
-  const float d = sqrt_rn(var) + c.eps;
-  if (c.centered) {
-    p = p + -c.lr * g / d;
-    return {p, v, s};
-  }
-  s = s * c.beta1 + g / d;
-  p = p + -c.lr * s;
-  return {p, v, s};
 }
 
 // Adagrad (torch): g += wd p; s += g g; p -= clr g / (sqrt(s) + eps).

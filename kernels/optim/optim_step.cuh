@@ -1,6 +1,7 @@
 // The CUDA kernels of the fused optimizer steps and their launcher (optim.cu has the plan);
 // launch_step<K> is instantiated for a few optimizers per translation unit (optim_adam.cu,
-// optim_stable.cu, optim_lamb.cu, optim_misc.cu), so that they compile in parallel.
+// optim_stable.cu, optim_lamb.cu, optim_misc.cu), and launch_step3<K>, the form of three states,
+// for the optimizers that have one (optim_three.cu), so that they compile in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -125,8 +126,9 @@ enum : unsigned { pf_param = 1, pf_grad = 2, pf_resid = 4, pf_s1 = 8, pf_s2 = 16
 // of tensors whose buffers are 16-byte aligned (the vector bit of its form); nothing on earlier
 // GPUs.
 // prefetch_block: block b of tensor `it` (vec: its form's vector bit); prefetch_next: work block
-// wb of the call, whichever tensor holds it.
-template <int W>
+// wb of the call, whichever tensor holds it. S3: the third state too (the step kernel's form of
+// three states; a compile-time form, as the mask alone left the other forms' code changed).
+template <int W, bool S3 = false>
 __device__ __forceinline__ void prefetch_block(const optim_item& it, bool vec, std::int64_t b,
                                                std::int64_t block, unsigned what) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -152,9 +154,11 @@ __device__ __forceinline__ void prefetch_block(const optim_item& it, bool vec, s
     span(it.s1, se);
   if ((what & pf_s2) != 0)
     span(it.s2, se);
+  if constexpr (S3)
+    span(it.s3, se);
 #endif
 }
-template <int W>
+template <int W, bool S3 = false>
 __device__ __forceinline__ void prefetch_next(const work_range<W>& range, const optim_item* items,
                                               const std::uint8_t* forms, std::int64_t count,
                                               std::int64_t j, std::int64_t wb, std::int64_t block,
@@ -163,7 +167,7 @@ __device__ __forceinline__ void prefetch_next(const work_range<W>& range, const 
   if (lane_group<W>::rank() != 0 || wb >= range.last)
     return;
   j = range.advance(items, count, j, wb);
-  prefetch_block<W>(items[j], (forms[j] & 1u) != 0, wb - items[j].block0, block, what);
+  prefetch_block<W, S3>(items[j], (forms[j] & 1u) != 0, wb - items[j].block0, block, what);
 #endif
 }
 
@@ -232,13 +236,15 @@ __global__ void __launch_bounds__(optim_threads)
   }
 }
 
-// The stochastically rounded code of state q's value x of element i of tensor j, out of line:
-// Philox's rounds, inlined for each of a lane's elements, would grow the kernel's body several
-// times over for a mode that is rarely on.
+// The stochastically rounded code of state q's value x of element i of tensor j, in a call of
+// Streams Philox streams per tensor (d::random_streams), out of line: Philox's rounds, inlined
+// for each of a lane's elements, would grow the kernel's body several times over for a mode that
+// is rarely on.
+template <int Streams>
 __device__ __noinline__ std::uint8_t stochastic_code(const bops::tables& tq, float x,
                                                      std::uint32_t amax, const optim_shared& sh,
                                                      std::int64_t j, int q, std::int64_t i) {
-  return d::encode_state(tq, x, amax, true, d::random_bits(sh, j, q, i));
+  return d::encode_state(tq, x, amax, true, d::random_bits(sh, Streams, j, q, i));
 }
 
 // ---- the step kernel ----------------------------------------------------------------------------
@@ -379,10 +385,10 @@ template <param_kind PK> __device__ __forceinline__ std::uint16_t param_code(flo
 }
 
 // What a work block's code needs of its CUDA block besides the shared tables below: where the
-// bucket tables of states 0 and 1 lie.
+// bucket tables of states 0, 1 and 2 lie.
 struct step_shared {
   // The bucket table's shared-memory address less bops::bucket_bias (bops::entry_address).
-  std::uint32_t bucket_base[2];
+  std::uint32_t bucket_base[3];
 };
 
 // The codes of state q's lane values sv in a block of absmax bits amax (finite, every |sv| <=
@@ -429,7 +435,8 @@ __shared__ alignas(16) std::uint32_t step_bk[2][bops::bucket_count];
 __shared__ std::uint32_t step_red[warps];
 
 // The number of states optimizer K keeps where it is fixed (-1: sgd and lars, one with momentum,
-// none without).
+// none without; rmsprop, one or two) in the step kernel's forms of at most two states (the form
+// of three states, S3, has three).
 constexpr int fixed_states(optimizer k) {
   switch (k) {
   case optimizer::adam:
@@ -464,8 +471,8 @@ __device__ __forceinline__ std::uint32_t code_at(const std::uint32_t (&w)[2], in
 }
 
 // One work block of tensor j, of the form <PK, RB, E8>: parameter dtype, residual bits (0: none),
-// 8-bit states.
-template <int W, optimizer K, param_kind PK, int RB, bool E8>
+// 8-bit states; S3: the call keeps three states (the kernel's form, step_kernel).
+template <int W, optimizer K, bool S3, param_kind PK, int RB, bool E8>
 __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_item& it,
                                            bool vec_item, std::int64_t j, std::int64_t b, float eta,
                                            float decay, bool bad, const step_shared& ss,
@@ -473,9 +480,10 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
   using grp = lane_group<W>;
   using PB = param_bits<PK>;
   using RT = std::conditional_t<RB == 8, std::int8_t, std::int16_t>;
-  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1;
+  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1,
+                T2 = d::state_signed(K, 2) ? 0 : 1;
   const int r = grp::rank();
-  constexpr int NS = fixed_states(K);
+  constexpr int NS = S3 ? 3 : fixed_states(K);
   const int ns = NS >= 0 ? NS : sh.states;
   const std::int64_t i0 = b * sh.block;
   const lane_slots ls = lane_slots::of<W>(i0, it.n, vec_item);
@@ -486,9 +494,9 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
   if constexpr (RB != 0)
     load_lane<RT>(it.resid, ls, rb);
   // The states: 8-bit codes packed in words, or float32 values.
-  std::uint32_t w1[2] = {0, 0}, w2[2] = {0, 0};
-  float f1[EPT], f2[EPT];
-  float a1 = 0.0f, a2 = 0.0f;
+  std::uint32_t w1[2] = {0, 0}, w2[2] = {0, 0}, w3[2] = {0, 0};
+  float f1[EPT], f2[EPT], f3[EPT];
+  float a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
   if constexpr (E8) {
     if (ns > 0) {
       load_codes(it.s1, ls, w1);
@@ -498,17 +506,23 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
       load_codes(it.s2, ls, w2);
       a2 = it.a2[b];
     }
+    if constexpr (S3) {
+      load_codes(it.s3, ls, w3);
+      a3 = it.a3[b];
+    }
   } else {
     if (ns > 0)
       load_lane<float>(it.s1, ls, f1);
     if (ns > 1)
       load_lane<float>(it.s2, ls, f2);
+    if constexpr (S3)
+      load_lane<float>(it.s3, ls, f3);
   }
-  float s1[EPT], s2[EPT];
+  float s1[EPT], s2[EPT], s3[EPT];
   // The lane's largest magnitude bits of everything that must be finite: big of the gradient and
-  // the stored parameter, m1 and m2 of the new states (also the lane's part of their absmax):
+  // the stored parameter, m1, m2 and m3 of the new states (also the lane's part of their absmax):
   // Inf or NaN among them makes one >= 0x7F800000.
-  std::uint32_t big = 0, m1 = 0, m2 = 0;
+  std::uint32_t big = 0, m1 = 0, m2 = 0, m3 = 0;
 #pragma unroll
   for (int k = 0; k < EPT; ++k) {
     float p0;
@@ -517,7 +531,7 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     else
       p0 = param_value<PK>(pb[k]);
     const float g = param_value<PK>(gb[k]);
-    float x1 = 0.0f, x2 = 0.0f;
+    float x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
     if constexpr (E8) {
       // value * absmax (bops::decode less its NaN canonicalization: a NaN state makes the
       // block's update non-finite, and such a block writes nothing).
@@ -525,15 +539,21 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
         x1 = step_tb[T0].value[code_at(w1, k)] * a1;
       if (ns > 1)
         x2 = step_tb[T1].value[code_at(w2, k)] * a2;
+      if constexpr (S3)
+        x3 = step_tb[T2].value[code_at(w3, k)] * a3;
     } else {
       if (ns > 0)
         x1 = f1[k];
       if (ns > 1)
         x2 = f2[k];
+      if constexpr (S3)
+        x3 = f3[k];
     }
-    const optim_ops::result res = d::update(K, sh, eta, decay, p0, g, x1, x2);
+    const optim_ops::result_t<S3> res = d::update<S3>(K, sh, eta, decay, p0, g, x1, x2, x3);
     s1[k] = ns > 0 ? res.s1 : 0.0f;
     s2[k] = ns > 1 ? res.s2 : 0.0f;
+    if constexpr (S3)
+      s3[k] = res.s3;
     if (ls.vec || ls.in(k)) {
       // The parameter's new stored bits (and residual) replace the loaded ones at once: a
       // skipped block stores nothing, so they are needed only to store, and the value the
@@ -554,11 +574,17 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
       big = max(big, max(bops::abs_bits(g), bops::abs_bits(stored)));
       m1 = max(m1, bops::abs_bits(s1[k]));
       m2 = max(m2, bops::abs_bits(s2[k]));
+      if constexpr (S3)
+        m3 = max(m3, bops::abs_bits(s3[k]));
     } else {
       s1[k] = s2[k] = 0.0f; // out of range: no part in the absmax
+      if constexpr (S3)
+        s3[k] = 0.0f;
     }
   }
   bad |= max(big, max(m1, m2)) >= 0x7F800000u;
+  if constexpr (S3)
+    bad |= m3 >= 0x7F800000u;
   if (grp::any(bad)) {
     if (r == 0 && skipped != nullptr)
       atomicAdd(reinterpret_cast<unsigned long long*>(skipped + j), 1ull);
@@ -571,23 +597,23 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
   // The states.
   const auto store_state = [&](auto qc, const float(&sv)[EPT], std::uint32_t m) {
     constexpr int q = decltype(qc)::value;
-    void* dst = q == 0 ? it.s1 : it.s2;
+    void* dst = q == 0 ? it.s1 : (q == 1 ? it.s2 : it.s3);
     if constexpr (!E8) {
       store_lane<float>(dst, ls, sv);
     } else {
+      constexpr int tq = q == 0 ? T0 : (q == 1 ? T1 : T2);
       const std::uint32_t amax = grp::max_of(m, step_red);
       if (r == 0)
-        (q == 0 ? it.a1 : it.a2)[b] = __uint_as_float(amax);
+        (q == 0 ? it.a1 : (q == 1 ? it.a2 : it.a3))[b] = __uint_as_float(amax);
       std::uint8_t code[EPT];
       if (sh.stochastic) {
 #pragma unroll
         for (int k = 0; k < EPT; ++k)
-          code[k] = ls.in(k) ? stochastic_code(step_tb[q == 0 ? T0 : T1], sv[k], amax, sh, j, q,
-                                               ls.index(k))
+          code[k] = ls.in(k) ? stochastic_code<d::random_streams(NS)>(step_tb[tq], sv[k], amax, sh,
+                                                                      j, q, ls.index(k))
                              : 0;
       } else {
-        nearest_codes<d::state_signed(K, q)>(step_tb[q == 0 ? T0 : T1], ss.bucket_base[q], amax, sv,
-                                             code);
+        nearest_codes<d::state_signed(K, q)>(step_tb[tq], ss.bucket_base[q], amax, sv, code);
       }
       store_lane<std::uint8_t>(dst, ls, code);
     }
@@ -596,6 +622,8 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
     store_state(std::integral_constant<int, 0>{}, s1, m1);
   if (ns > 1)
     store_state(std::integral_constant<int, 1>{}, s2, m2);
+  if constexpr (S3)
+    store_state(std::integral_constant<int, 2>{}, s3, m3);
 }
 
 // A tensor's form as a type: parameter dtype, residual bits (0: none), 8-bit states.
@@ -629,8 +657,9 @@ template <class F> __device__ __forceinline__ void with_form(unsigned n, F&& f) 
 // Runs body(f, it, vec, wb) for the group's work blocks in order, one tensor's run of them at a
 // time: the tensor is found, its item read and its form dispatched (with_form) once per run, not
 // per work block (a work block of 256 elements gives each lane eight, and that per-block work had
-// been about half of a pre-pass's instructions). The next work block is prefetched first.
-template <int W, class Body>
+// been about half of a pre-pass's instructions). The next work block is prefetched first (S3:
+// with the third state, prefetch_block).
+template <int W, bool S3 = false, class Body>
 __device__ __forceinline__ void for_work_blocks(const work_range<W>& range, const optim_item* items,
                                                 const std::uint8_t* forms, std::int64_t count,
                                                 std::int64_t block, unsigned reads, Body&& body) {
@@ -645,9 +674,9 @@ __device__ __forceinline__ void for_work_blocks(const work_range<W>& range, cons
     with_form(f >> 1, [&](auto fm) {
       for (; wb < end; ++wb) {
         if (wb + 1 < end)
-          prefetch_block<W>(it, vec, wb + 1 - it.block0, block, reads);
+          prefetch_block<W, S3>(it, vec, wb + 1 - it.block0, block, reads);
         else
-          prefetch_next<W>(range, items, forms, count, j, wb + 1, block, reads);
+          prefetch_next<W, S3>(range, items, forms, count, j, wb + 1, block, reads);
         body(fm, it, vec, j, wb);
       }
     });
@@ -769,9 +798,10 @@ __global__ void __launch_bounds__(optim_threads)
                   });
 }
 
-// One instance per optimizer K (sh.kind): the body holds one update per tensor form, which keeps
+// One instance per optimizer K (sh.kind) and state form (S3: three states, sh.states == 3, only
+// for the optimizers that may keep them): the body holds one update per tensor form, which keeps
 // the code a work block runs small enough for the instruction caches.
-template <int W, optimizer K>
+template <int W, optimizer K, bool S3>
 __global__ void __launch_bounds__(optim_threads, 3)
     step_kernel(optim_shared sh, const __grid_constant__ step_items si, std::int64_t count,
                 std::int64_t total, const bops::tables* tabs, const std::uint32_t* bks,
@@ -783,29 +813,31 @@ __global__ void __launch_bounds__(optim_threads, 3)
       (&step_bk[0][0])[k] = bks[k];
     load_tables(tabs, step_tb); // synchronizes
   }
-  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1;
+  constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1,
+                T2 = d::state_signed(K, 2) ? 0 : 1;
   const std::uint32_t bases[2] = {
       static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[0])) - bops::bucket_bias,
       static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[1])) - bops::bucket_bias};
-  const step_shared ss{{bases[T0], bases[T1]}};
+  const step_shared ss{{bases[T0], bases[T1], bases[T2]}};
   const work_range<W> range = work_range<W>::of(items, count, total);
-  constexpr int NS = fixed_states(K);
+  constexpr int NS = S3 ? 3 : fixed_states(K);
   const int ns = NS >= 0 ? NS : sh.states;
   const unsigned reads =
       pf_param | pf_grad | pf_resid | (ns > 0 ? pf_s1 : 0u) | (ns > 1 ? pf_s2 : 0u);
-  for_work_blocks(range, items, forms, count, sh.block, reads,
-                  [&](auto fm, const optim_item& it, bool vec, std::int64_t j, std::int64_t wb) {
-                    using F = decltype(fm);
-                    float eta = sh.eta0, decay = sh.decay0;
-                    if (eta_decay != nullptr) {
-                      eta = eta_decay[2 * j];
-                      decay = eta_decay[2 * j + 1];
-                    }
-                    // A block the pre-pass left out of its tensor's sums is left untouched too.
-                    const bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
-                    block_step<W, K, F::pk, F::rb, F::e8>(sh, it, vec, j, wb - it.block0, eta,
-                                                          decay, bad, ss, skipped);
-                  });
+  for_work_blocks<W, S3>(
+      range, items, forms, count, sh.block, reads,
+      [&](auto fm, const optim_item& it, bool vec, std::int64_t j, std::int64_t wb) {
+        using F = decltype(fm);
+        float eta = sh.eta0, decay = sh.decay0;
+        if (eta_decay != nullptr) {
+          eta = eta_decay[2 * j];
+          decay = eta_decay[2 * j + 1];
+        }
+        // A block the pre-pass left out of its tensor's sums is left untouched too.
+        const bool bad = partial != nullptr && partial[2 * wb] == d::excluded_partial;
+        block_step<W, K, S3, F::pk, F::rb, F::e8>(sh, it, vec, j, wb - it.block0, eta, decay, bad,
+                                                  ss, skipped);
+      });
 }
 
 // A tensor's form as with_form numbers it: parameter dtype and residual width, then
@@ -828,7 +860,8 @@ template <int W, auto kernel> unsigned grid_of(std::int64_t total) {
   return static_cast<unsigned>(need < cap ? need : cap);
 }
 
-template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex) {
+// S3: the step kernel's form of three states (launch_step3).
+template <int W, optimizer K, bool S3> void launch(const optim_problem& p, const exec& ex) {
   const cudaStream_t s = stream_of(ex);
   const std::int64_t count = static_cast<std::int64_t>(p.items.size());
   // The codebooks' tables stay on the device (resident_tables); each call uploads only the
@@ -850,7 +883,7 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
   for (std::size_t k = 0; k < p.items.size(); ++k) {
     const optim_item& it = p.items[k];
     const bool vec = aligned(it.param) && aligned(it.grad) && aligned(it.s1) && aligned(it.s2) &&
-                     aligned(it.resid);
+                     aligned(it.s3) && aligned(it.resid);
     form[k] = static_cast<unsigned char>(2 * form_of(it) + (vec ? 1u : 0u));
     si.eight = si.eight || it.eight_bit;
   }
@@ -892,19 +925,31 @@ template <int W, optimizer K> void launch(const optim_problem& p, const exec& ex
       check_launch("tensor_pair_kernel");
     }
   }
-  constexpr auto kernel = step_kernel<W, K>;
+  require((p.sh.states == 3) == S3, errc::unsupported,
+          "optimizer step: the kernel's state form differs from the call's state count");
+  constexpr auto kernel = step_kernel<W, K, S3>;
   kernel<<<grid_of<W, kernel>(p.total_blocks), optim_threads, 0, s>>>(
       p.sh, si, count, p.total_blocks, tabs, bks, eta_decay, partial, p.skipped);
   check_launch("step_kernel");
 }
 
+template <optimizer K, bool S3> void launch_form(const optim_problem& p, const exec& ex) {
+  if (optim_lanes(p.sh.block) == optim_threads)
+    launch<warps, K, S3>(p, ex); // blocks of 2048: the CUDA block
+  else
+    launch<1, K, S3>(p, ex); // blocks of 256: a warp
+}
+
 } // namespace
 
 template <optimizer K> void launch_step(const optim_problem& p, const exec& ex) {
-  if (optim_lanes(p.sh.block) == optim_threads)
-    launch<warps, K>(p, ex); // blocks of 2048: the CUDA block
-  else
-    launch<1, K>(p, ex); // blocks of 256: a warp
+  launch_form<K, false>(p, ex);
+}
+
+template <optimizer K> void launch_step3(const optim_problem& p, const exec& ex) {
+  static_assert(K == optimizer::adam || K == optimizer::adamw || K == optimizer::rmsprop,
+                "three states: adam and adamw with amsgrad, rmsprop with momentum and centered");
+  launch_form<K, true>(p, ex);
 }
 
 } // namespace lowbit::kernels::cuda

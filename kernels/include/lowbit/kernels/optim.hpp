@@ -43,7 +43,8 @@ struct optim_hparams {
   double momentum = 0.0;     // sgd, lars, rmsprop
   double dampening = 0.0;    // sgd, lars
   bool nesterov = false;     // sgd, lars
-  bool centered = false;     // rmsprop (not together with momentum)
+  bool centered = false;     // rmsprop (with or without momentum)
+  bool amsgrad = false;      // adam, adamw: the denominator from the running maximum of v
   double lr_decay = 0.0;     // adagrad
   // lamb, lars: the trust ratio's upper clamp (infinity: none), lars' trust coefficient, whether
   // the trust ratio is applied at all (false: 1, a plain AdamW-like / SGD step) and lamb's bias
@@ -56,18 +57,22 @@ struct optim_hparams {
   std::int64_t step = 1;
 };
 
-// The number of state tensors an optimizer keeps: 2 for the adam family, lamb and rmsprop with
-// momentum or centered, 1 for lion, plain rmsprop, adagrad and sgd or lars with momentum, 0 for
+// The number of state tensors an optimizer keeps: 3 for adam and adamw with amsgrad (m, v and the
+// running maximum of v) and rmsprop with momentum and centered (the square average, the momentum
+// buffer, the gradient's average); 2 for the other adam family members, lamb and rmsprop with
+// momentum or centered; 1 for lion, plain rmsprop, adagrad and sgd or lars with momentum; 0 for
 // plain sgd or lars.
 int optimizer_states(optimizer o, const optim_hparams& h);
-// Whether state k (0 or 1) is quantized with the signed dynamic map (first moments, momentum,
-// rmsprop's state 1) or the unsigned one (second moments, sums of squares: rmsprop's state 0).
+// Whether state k (0, 1 or 2) is quantized with the signed dynamic map (first moments, momentum,
+// rmsprop's states 1 and 2) or the unsigned one (second moments and their maximum, sums of
+// squares: rmsprop's state 0).
 bool optimizer_state_signed(optimizer o, int k);
 
 // One parameter tensor of a step. param: float32, bfloat16 or float16, contiguous; grad: the
 // same dtype and shape. States: float32 with param's element count (32-bit states), or uint8
 // codes with param's element count plus float32 absmax with blockwise_blocks(n, block) elements
-// (8-bit states); all states of a tensor of one kind; unused ones left empty.
+// (8-bit states); all states of a tensor of one kind; unused ones left empty. The third state
+// (state3, absmax3) only where optimizer_states is 3.
 // residual (optional, present when its data is not null; bfloat16 and float16 parameters only): the
 // residual master weight of residual.hpp, int16 (16 bits) or int8 (8 bits) with param's element
 // count. The step then updates the float32 value rebuilt from param and residual and writes both
@@ -77,13 +82,15 @@ struct optim_tensor {
   tensor_view state1, state2;
   tensor_view absmax1, absmax2;
   tensor_view residual;
+  tensor_view state3, absmax3;
 };
 
 struct optim_config {
   std::int64_t block = 256; // 8-bit states' block length: 256 or 2048
   codebook_rounding rounding = codebook_rounding::nearest;
-  // Stochastic rounding: element i of state k (0, 1) of tensor j draws
-  // random_stream{seed, offset + 2 j + k}.bits(i); callers advance offset by 2 * count per step.
+  // Stochastic rounding: element i of state k of tensor j draws
+  // random_stream{seed, offset + S j + k}.bits(i), S = 2 streams per tensor (3 where the optimizer
+  // keeps three states); callers advance offset by S * count per step.
   std::uint64_t seed = 0, offset = 0;
   // false: the caller vouches that CUDA views point to memory of the current device (the torch
   // layer, whose tensors say so), which saves a runtime query per tensor and call.
