@@ -2,10 +2,12 @@
 // states, absmax, skip counts), over random multi-tensor calls: every optimizer, tiny and
 // non-multiple-of-block tensors mixed with large ones, 32-bit and 8-bit states in one call,
 // float32/bfloat16/float16 parameters, blocks of 256 and 2048, nearest and stochastic rounding,
-// zero, extreme and non-finite gradients, several steps in a row; for StableAdamW, LAMB and LARS
-// the per-tensor pre-pass (RMS, norms, trust ratios) in the same tree on both sides.
+// zero, extreme and non-finite gradients, several steps in a row; the forms of three states
+// (adam and adamw with amsgrad, rmsprop with momentum and centered); for StableAdamW, LAMB and
+// LARS the per-tensor pre-pass (RMS, norms, trust ratios) in the same tree on both sides.
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -31,7 +33,7 @@ struct gpu_tensor {
   std::int64_t n = 0;
   dtype pt = dtype::float32;
   bool eight = false;
-  std::unique_ptr<mirrored> p, g, s[2], a[2];
+  std::unique_ptr<mirrored> p, g, s[3], a[3];
 };
 
 const optimizer all_optimizers[] = {optimizer::adam,    optimizer::adamw, optimizer::stable_adamw,
@@ -114,8 +116,8 @@ kernels::optim_tensor views(gpu_tensor& t, bool gpu, int states) {
   kernels::optim_tensor v;
   v.param = t.p->flat(gpu, t.pt, t.n);
   v.grad = t.g->flat(gpu, t.pt, t.n);
-  kernels::tensor_view* st[2] = {&v.state1, &v.state2};
-  kernels::tensor_view* am[2] = {&v.absmax1, &v.absmax2};
+  kernels::tensor_view* st[3] = {&v.state1, &v.state2, &v.state3};
+  kernels::tensor_view* am[3] = {&v.absmax1, &v.absmax2, &v.absmax3};
   for (int k = 0; k < states; ++k) {
     *st[k] = t.s[k]->flat(gpu, t.eight ? dtype::uint8 : dtype::float32, t.n);
     if (t.eight)
@@ -125,8 +127,9 @@ kernels::optim_tensor views(gpu_tensor& t, bool gpu, int states) {
   return v;
 }
 
-// forced >= 0: that entry of all_optimizers instead of a random one.
-void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
+// forced >= 0: that entry of all_optimizers instead of a random one; three: the optimizer's form
+// of three states (amsgrad for adam and adamw, momentum and centered for rmsprop).
+void one_case(std::uint64_t seed, bool large = false, int forced = -1, bool three = false) {
   std::mt19937_64 r(seed);
   const std::size_t pick = r() % std::size(all_optimizers);
   const optimizer o = all_optimizers[forced >= 0 ? static_cast<std::size_t>(forced) : pick];
@@ -140,11 +143,13 @@ void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
     h.momentum = r() % 3 == 0 ? 0.0 : 0.9;
     h.nesterov = h.momentum > 0 && r() % 2;
   }
-  if (o == optimizer::rmsprop) { // plain, with momentum, or centered
-    const auto mode = r() % 3;
-    h.momentum = mode == 1 ? 0.9 : 0.0;
-    h.centered = mode == 2;
+  if (o == optimizer::rmsprop) { // plain, with momentum, centered, or both
+    const auto mode = three ? 3 : r() % 4;
+    h.momentum = mode % 2 == 1 ? 0.9 : 0.0;
+    h.centered = mode >= 2;
   }
+  if (o == optimizer::adam || o == optimizer::adamw)
+    h.amsgrad = three || r() % 3 == 0;
   if (o == optimizer::lamb || o == optimizer::lars) {
     h.max_trust_ratio = r() % 2 ? std::numeric_limits<double>::infinity() : 0.5;
     h.trust_coefficient = r() % 2 ? 1e-3 : 0.5;
@@ -171,7 +176,7 @@ void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
   }
   mirrored skipped(8 * static_cast<std::size_t>(count), 0);
   const std::string what = std::string(kernels::optimizer_name(o)) + (h.adapt ? "" : " no-adapt") +
-                           " block=" + std::to_string(cfg.block) +
+                           " states=" + std::to_string(ns) + " block=" + std::to_string(cfg.block) +
                            " tensors=" + std::to_string(count) + " seed=" + std::to_string(seed);
   for (int step = 1; step <= 4; ++step) {
     h.step = step;
@@ -184,7 +189,7 @@ void one_case(std::uint64_t seed, bool large = false, int forced = -1) {
     }
     kernels::optimizer_step(o, h, cv.data(), count, skipped.flat(false, dtype::int64, count), cfg);
     kernels::optimizer_step(o, h, gv.data(), count, skipped.flat(true, dtype::int64, count), cfg);
-    cfg.offset += 2 * static_cast<std::uint64_t>(count);
+    cfg.offset += static_cast<std::uint64_t>(ns > 2 ? 3 : 2) * static_cast<std::uint64_t>(count);
     RC_ASSERT(same_bytes(skipped.host, skipped.pull(), what + " skipped"));
     for (int j = 0; j < count; ++j) {
       auto& t = ts[static_cast<std::size_t>(j)];
@@ -214,6 +219,26 @@ TEST(gpu_optim, every_optimizer_on_a_large_mixed_call) {
   for (std::uint64_t seed = 1; seed <= 2 * std::size(all_optimizers); ++seed)
     EXPECT_NO_THROW(one_case(seed * 0x9E3779B97F4A7C15ull, true,
                              static_cast<int>((seed - 1) % std::size(all_optimizers))))
+        << "seed " << seed;
+}
+
+// The forms of three states alone (each case one of adam, adamw with amsgrad, rmsprop with
+// momentum and centered), random calls, then a fixed sweep with tensors above a million elements.
+TEST(gpu_optim, three_state_forms_equal_cpu_twin_bitwise) {
+  LOWBIT_REQUIRE_GPU();
+  const auto index_of = [](optimizer o) {
+    return static_cast<int>(std::find(std::begin(all_optimizers), std::end(all_optimizers), o) -
+                            std::begin(all_optimizers));
+  };
+  const int forms[] = {index_of(optimizer::adam), index_of(optimizer::adamw),
+                       index_of(optimizer::rmsprop)};
+  const auto result = rc::check("gpu_optim.three_state_forms", [&] {
+    const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+    one_case(seed, false, forms[seed % 3], true);
+  });
+  EXPECT_TRUE(result);
+  for (std::uint64_t seed = 1; seed <= 6; ++seed)
+    EXPECT_NO_THROW(one_case(seed * 0x9E3779B97F4A7C15ull, true, forms[(seed - 1) % 3], true))
         << "seed " << seed;
 }
 

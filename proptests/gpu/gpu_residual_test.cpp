@@ -2,7 +2,8 @@
 // for bit (random float32 patterns and every pattern of a few ranges, both 16-bit formats, every
 // k), and the optimizer steps with residuals (kernels/optim): CUDA == CPU twin bitwise over
 // multi-tensor calls that mix residual and plain tensors, 8- and 16-bit residuals, bfloat16 and
-// float16 weights, 32- and 8-bit states, non-finite gradients, several steps in a row.
+// float16 weights, 32- and 8-bit states (three of them: amsgrad, RMSprop centered with momentum),
+// non-finite gradients, several steps in a row.
 #include <rapidcheck.h>
 
 #include <cmath>
@@ -67,7 +68,7 @@ struct tensor {
   std::int64_t n = 0;
   dtype pt = dtype::bfloat16, rt = dtype::int16;
   bool residual = true, eight = false;
-  std::unique_ptr<mirrored> p, g, res, s[2], a[2];
+  std::unique_ptr<mirrored> p, g, res, s[3], a[3];
 };
 
 void put16(mirrored& m, dtype t, std::int64_t i, float v) {
@@ -116,8 +117,8 @@ kernels::optim_tensor views(tensor& t, bool gpu, int ns) {
   v.grad = t.g->flat(gpu, t.pt, t.n);
   if (t.residual)
     v.residual = t.res->flat(gpu, t.rt, t.n);
-  kernels::tensor_view* st[2] = {&v.state1, &v.state2};
-  kernels::tensor_view* am[2] = {&v.absmax1, &v.absmax2};
+  kernels::tensor_view* st[3] = {&v.state1, &v.state2, &v.state3};
+  kernels::tensor_view* am[3] = {&v.absmax1, &v.absmax2, &v.absmax3};
   for (int k = 0; k < ns; ++k) {
     *st[k] = t.s[k]->flat(gpu, t.eight ? dtype::uint8 : dtype::float32, t.n);
     if (t.eight)
@@ -139,6 +140,13 @@ void step_case(std::uint64_t seed) {
   h.weight_decay = r() % 2 ? 0.0 : 0.01;
   if (o == optimizer::sgd)
     h.momentum = r() % 2 ? 0.9 : 0.0;
+  if (o == optimizer::adam || o == optimizer::adamw)
+    h.amsgrad = r() % 2 == 0;
+  if (o == optimizer::rmsprop) { // plain, with momentum, centered, or both
+    const auto mode = r() % 4;
+    h.momentum = mode % 2 == 1 ? 0.9 : 0.0;
+    h.centered = mode >= 2;
+  }
   const int ns = kernels::optimizer_states(o, h);
   kernels::optim_config cfg;
   cfg.block = r() % 3 == 0 ? 2048 : 256;
@@ -150,8 +158,8 @@ void step_case(std::uint64_t seed) {
     ts.push_back(make(r, sizes[r() % std::size(sizes)], ns, cfg.block));
   mirrored skipped(8 * static_cast<std::size_t>(count), 0);
   skipped.push();
-  const std::string what =
-      std::string(kernels::optimizer_name(o)) + " seed=" + std::to_string(seed);
+  const std::string what = std::string(kernels::optimizer_name(o)) +
+                           " states=" + std::to_string(ns) + " seed=" + std::to_string(seed);
   std::normal_distribution<float> nd;
   for (int step = 1; step <= 3; ++step) {
     h.step = step;

@@ -25,6 +25,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <lowbit/emu/convert.hpp>
@@ -99,7 +100,7 @@ rb sign_rb(rb a) {
 }
 
 struct rb_result {
-  rb p, s1, s2;
+  rb p, s1, s2, s3;
 };
 
 // LAMB's direction u and new moments (optim_ops::lamb_direction), on bounds.
@@ -115,11 +116,13 @@ rb_result lamb_u(const kernels::optim_hparams& h, double p0, double g0, double a
   return {u, m, v};
 }
 
-// The twin's operation sequence (optim_ops.hpp) for one element, on bounds.
+// The twin's operation sequence (optim_ops.hpp) for one element, on bounds (a0, c0, x0: the
+// states' values).
 rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_st, double p0,
-                 double g0, double a0, double c0) {
+                 double g0, double a0, double c0, double x0) {
   const double t = static_cast<double>(h.step);
-  rb p = exact_in(p0), g = exact_in(h.maximize ? -g0 : g0), a = exact_in(a0), c = exact_in(c0);
+  rb p = exact_in(p0), g = exact_in(h.maximize ? -g0 : g0), a = exact_in(a0), c = exact_in(c0),
+     x = exact_in(x0);
   switch (o) {
   case optimizer::adam:
   case optimizer::adamw: {
@@ -129,9 +132,11 @@ rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_
       g = g + coef(h.weight_decay) * p;
     const rb m = a + coef(1.0 - h.beta1) * (g - a);
     const rb v = c * coef(h.beta2) + coef(1.0 - h.beta2) * g * g;
+    const rb vmax = h.amsgrad ? max_rb(v, x) : v;
     const double c2 = std::sqrt(1.0 - std::pow(h.beta2, t));
-    p = p + -coef(h.lr * c2 / (1.0 - std::pow(h.beta1, t))) * m / (sqrt_rb(v) + coef(h.eps * c2));
-    return {p, m, v};
+    p = p +
+        -coef(h.lr * c2 / (1.0 - std::pow(h.beta1, t))) * m / (sqrt_rb(vmax) + coef(h.eps * c2));
+    return {p, m, v, vmax};
   }
   case optimizer::stable_adamw: {
     const auto hat = [&](double b) {
@@ -168,19 +173,21 @@ rb_result replay(optimizer o, const kernels::optim_hparams& h, rb eta, rb decay_
       p = p + -coef(h.lr) * g / (sqrt_rb(v) + coef(h.eps));
       return {p, v, {}};
     }
-    rb var = v, s = c;
+    // Both: c the momentum buffer, x the gradient's average; one of them: c either.
+    const bool both = h.momentum != 0.0 && h.centered;
+    rb var = v, avg = both ? x : c;
     if (h.centered) {
-      s = c + coef(1.0 - h.beta2) * (g - c);
-      var = max_rb(v - s * s, exact_in(0.0));
+      avg = avg + coef(1.0 - h.beta2) * (g - avg);
+      var = max_rb(v - avg * avg, exact_in(0.0));
     }
     const rb d = sqrt_rb(var) + coef(h.eps);
-    if (h.centered) {
+    if (!both && h.centered) {
       p = p + -coef(h.lr) * g / d;
-      return {p, v, s};
+      return {p, v, avg};
     }
-    s = s * coef(h.momentum) + g / d;
-    p = p + -coef(h.lr) * s;
-    return {p, v, s};
+    const rb buf = c * coef(h.momentum) + g / d;
+    p = p + -coef(h.lr) * buf;
+    return {p, v, buf, avg};
   }
   case optimizer::adagrad: {
     g = g + coef(h.weight_decay) * p;
@@ -224,6 +231,7 @@ reference::optim_settings settings_of(const kernels::optim_hparams& h) {
   s.dampening = h.dampening;
   s.nesterov = h.nesterov;
   s.centered = h.centered;
+  s.amsgrad = h.amsgrad;
   s.lr_decay = h.lr_decay;
   s.maximize = h.maximize;
   s.step = h.step;
@@ -238,9 +246,9 @@ reference::optim_settings settings_of(const kernels::optim_hparams& h) {
 struct host_tensor {
   std::int64_t n = 0;
   bool eight = false;
-  std::vector<float> p, g, s[2];
-  std::vector<std::uint8_t> code[2];
-  std::vector<float> absmax[2];
+  std::vector<float> p, g, s[3];
+  std::vector<std::uint8_t> code[3];
+  std::vector<float> absmax[3];
   std::vector<std::uint16_t> p16, g16; // bf16/fp16 storage when used
 };
 
@@ -257,8 +265,8 @@ kernels::optim_tensor views_of(host_tensor& x, int states, dtype pt = dtype::flo
     t.param = flat(x.p16.data(), pt, x.n);
     t.grad = flat(x.g16.data(), pt, x.n);
   }
-  tensor_view* st[2] = {&t.state1, &t.state2};
-  tensor_view* am[2] = {&t.absmax1, &t.absmax2};
+  tensor_view* st[3] = {&t.state1, &t.state2, &t.state3};
+  tensor_view* am[3] = {&t.absmax1, &t.absmax2, &t.absmax3};
   for (int k = 0; k < states; ++k) {
     if (x.eight) {
       *st[k] = flat(x.code[k].data(), dtype::uint8, x.n);
@@ -280,7 +288,7 @@ float draw(std::mt19937_64& r, int run_exp) {
 }
 
 host_tensor make_tensor(std::mt19937_64& r, std::int64_t n, bool eight, int states,
-                        std::int64_t block, bool positive2, bool positive1) {
+                        std::int64_t block, bool positive2, bool positive1, bool positive3 = true) {
   host_tensor x;
   x.n = n;
   x.eight = eight;
@@ -297,7 +305,7 @@ host_tensor make_tensor(std::mt19937_64& r, std::int64_t n, bool eight, int stat
   }
   const std::int64_t blocks = kernels::blockwise_blocks(n, block);
   for (int k = 0; k < states; ++k) {
-    const bool pos = k == 0 ? positive1 : positive2;
+    const bool pos = k == 0 ? positive1 : (k == 1 ? positive2 : positive3);
     if (eight) {
       x.code[k].resize(n);
       x.absmax[k].resize(blocks);
@@ -327,7 +335,9 @@ std::vector<double> state_values(const host_tensor& x, int k, std::int64_t block
   return v;
 }
 
-kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r) {
+// three: the form of three states where the optimizer has one (adam and adamw with amsgrad,
+// rmsprop with momentum and centered); otherwise drawn like the others.
+kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r, bool three = false) {
   kernels::optim_hparams h;
   const auto pick = [&](std::initializer_list<double> v) {
     return *(v.begin() + static_cast<std::ptrdiff_t>(r() % v.size()));
@@ -346,11 +356,13 @@ kernels::optim_hparams random_hparams(optimizer o, std::mt19937_64& r) {
   }
   if (o == optimizer::adagrad)
     h.lr_decay = pick({0.0, 0.01});
-  if (o == optimizer::rmsprop) { // plain, with momentum, or centered
-    const int mode = static_cast<int>(r() % 3);
-    h.momentum = mode == 1 ? pick({0.9, 0.5}) : 0.0;
-    h.centered = mode == 2;
+  if (o == optimizer::rmsprop) { // plain, with momentum, centered, or both
+    const int mode = three ? 3 : static_cast<int>(r() % 4);
+    h.momentum = mode == 1 || mode == 3 ? pick({0.9, 0.5}) : 0.0;
+    h.centered = mode >= 2;
   }
+  if (o == optimizer::adam || o == optimizer::adamw)
+    h.amsgrad = three || r() % 3 == 0;
   if (o == optimizer::lars) {
     h.momentum = pick({0.0, 0.9, 0.5});
     h.dampening = h.momentum > 0 && r() % 2 ? 0.1 : 0.0;
@@ -383,7 +395,7 @@ std::string describe_case(optimizer o, const kernels::optim_hparams& h, std::int
          " b2=" + std::to_string(h.beta2) + " eps=" + std::to_string(h.eps) +
          " wd=" + std::to_string(h.weight_decay) + " step=" + std::to_string(h.step) +
          " mom=" + std::to_string(h.momentum) + (h.centered ? " centered" : "") +
-         " max_tr=" + std::to_string(h.max_trust_ratio) +
+         (h.amsgrad ? " amsgrad" : "") + " max_tr=" + std::to_string(h.max_trust_ratio) +
          " tc=" + std::to_string(h.trust_coefficient) + (h.adapt ? "" : " no-adapt") +
          (h.bias_correction ? "" : " no-bias-correction") + (h.maximize ? " maximize" : "");
 }
@@ -476,17 +488,19 @@ rb trust_eta_bound(optimizer o, const kernels::optim_hparams& h, const reference
 // residual.md), whose join is the float32 value exactly; the gradient then in bfloat16. After the
 // step the join is compared as the float32 parameter is, and the stored pair must be the exact
 // reference's split of that join.
-void check_against_reference(optimizer o, std::uint64_t seed, bool residual = false) {
+void check_against_reference(optimizer o, std::uint64_t seed, bool residual = false,
+                             bool three = false) {
   std::mt19937_64 r(seed);
-  const kernels::optim_hparams h = random_hparams(o, r);
+  const kernels::optim_hparams h = random_hparams(o, r, three);
   const std::int64_t block = r() % 4 == 0 ? 2048 : 256;
   const bool eight = r() % 3 != 0;
   const std::int64_t sizes[] = {0, 1, 3, 255, 256, 257, 1000, 2048, 2049, 5000};
   const std::int64_t n = sizes[r() % std::size(sizes)];
   const int ns = kernels::optimizer_states(o, h);
   const bool two_unsigned = !kernels::optimizer_state_signed(o, 1),
-             one_unsigned = !kernels::optimizer_state_signed(o, 0);
-  host_tensor x = make_tensor(r, n, eight, ns, block, two_unsigned, one_unsigned);
+             one_unsigned = !kernels::optimizer_state_signed(o, 0),
+             three_unsigned = !kernels::optimizer_state_signed(o, 2);
+  host_tensor x = make_tensor(r, n, eight, ns, block, two_unsigned, one_unsigned, three_unsigned);
   std::vector<std::int16_t> r16;
   if (residual) {
     x.p16.resize(n);
@@ -507,6 +521,8 @@ void check_against_reference(optimizer o, std::uint64_t seed, bool residual = fa
     in.s1 = state_values(x, 0, block, kernels::optimizer_state_signed(o, 0));
   if (ns > 1)
     in.s2 = state_values(x, 1, block, kernels::optimizer_state_signed(o, 1));
+  if (ns > 2)
+    in.s3 = state_values(x, 2, block, kernels::optimizer_state_signed(o, 2));
   const reference::optim_exact ex = reference::optimizer_step_exact(rule_of(o), settings_of(h), in);
 
   std::vector<std::int64_t> skipped(1, 0);
@@ -543,7 +559,7 @@ void check_against_reference(optimizer o, std::uint64_t seed, bool residual = fa
   std::vector<rb_result> b(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
     b[i] = replay(o, h, eta, decay, in.p[i], in.g[i], ns > 0 ? in.s1[i] : 0.0,
-                  ns > 1 ? in.s2[i] : 0.0);
+                  ns > 1 ? in.s2[i] : 0.0, ns > 2 ? in.s3[i] : 0.0);
   for (std::int64_t i = 0; i < n; ++i) {
     const double d = std::fabs(static_cast<double>(x.p[i]) - ex.p[i]);
     if (!(d <= b[i].p.e * 1.000001 + 1e-300))
@@ -551,8 +567,10 @@ void check_against_reference(optimizer o, std::uint64_t seed, bool residual = fa
               " reference " + test::describe_input(ex.p[i]) + " bound " + std::to_string(b[i].p.e));
   }
   for (int k = 0; k < ns; ++k) {
-    const std::vector<double>& es = k == 0 ? ex.s1 : ex.s2;
-    const auto bound = [&](std::int64_t i) { return k == 0 ? b[i].s1.e : b[i].s2.e; };
+    const std::vector<double>& es = k == 0 ? ex.s1 : (k == 1 ? ex.s2 : ex.s3);
+    const auto bound = [&](std::int64_t i) {
+      return k == 0 ? b[i].s1.e : (k == 1 ? b[i].s2.e : b[i].s3.e);
+    };
     if (!eight) {
       for (std::int64_t i = 0; i < n; ++i)
         if (!(std::fabs(static_cast<double>(x.s[k][i]) - es[i]) <= bound(i) * 1.000001))
@@ -603,6 +621,19 @@ TEST(optim_twin, matches_the_reference_within_the_derived_bound) {
                          });
 }
 
+// The forms of three states (adam and adamw with amsgrad, rmsprop with momentum and centered),
+// each case in that form, 32- and 8-bit states, plain and with a residual master weight.
+TEST(optim_twin, three_state_forms_match_the_reference_within_the_derived_bound) {
+  for (optimizer o : {optimizer::adam, optimizer::adamw, optimizer::rmsprop})
+    for (bool residual : {false, true})
+      test::check_property(std::string("optim_twin.three_states.") + kernels::optimizer_name(o) +
+                               (residual ? ".residual" : ""),
+                           residual ? 20 : 60, [o, residual] {
+                             const auto seed = *rc::gen::arbitrary<std::uint64_t>();
+                             check_against_reference(o, seed, residual, true);
+                           });
+}
+
 // The step on a bfloat16 weight plus 16-bit residual: the rebuilt float32 value within the same
 // bound of the reference, the stored pair its exact split.
 TEST(optim_twin, residual_master_weights_match_the_reference_within_the_derived_bound) {
@@ -616,23 +647,25 @@ TEST(optim_twin, residual_master_weights_match_the_reference_within_the_derived_
 // ---- invariants ---------------------------------------------------------------------------------
 
 struct bytes_of {
-  std::vector<float> p, s[2], absmax[2];
-  std::vector<std::uint8_t> code[2];
+  std::vector<float> p, s[3], absmax[3];
+  std::vector<std::uint8_t> code[3];
   friend bool operator==(const bytes_of& a, const bytes_of& b) {
     const auto same = [](const auto& x, const auto& y) {
       // memcmp may not be given the null data() of an empty vector, even for 0 bytes.
       return x.size() == y.size() &&
              (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
     };
-    return same(a.p, b.p) && same(a.s[0], b.s[0]) && same(a.s[1], b.s[1]) &&
-           same(a.absmax[0], b.absmax[0]) && same(a.absmax[1], b.absmax[1]) &&
-           same(a.code[0], b.code[0]) && same(a.code[1], b.code[1]);
+    bool eq = same(a.p, b.p);
+    for (int k = 0; k < 3; ++k)
+      eq = eq && same(a.s[k], b.s[k]) && same(a.absmax[k], b.absmax[k]) &&
+           same(a.code[k], b.code[k]);
+    return eq;
   }
 };
 bytes_of snapshot(const host_tensor& x) {
   bytes_of b;
   b.p = x.p;
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < 3; ++k) {
     b.s[k] = x.s[k];
     b.absmax[k] = x.absmax[k];
     b.code[k] = x.code[k];
@@ -800,11 +833,54 @@ TEST(optim_twin, stochastic_rounding_is_deterministic_and_stays_beside_the_neare
   EXPECT_GT(differ, 0);
 }
 
+// Stochastic rounding draws element i of state k of tensor j from stream offset + S j + k, S = 2
+// streams per tensor, 3 in calls of three states (so that a tensor's third state and the next
+// tensor's first do not share their bits): a multi-tensor call equals one call per tensor at
+// offset + S j.
+TEST(optim_twin, stochastic_rounding_gives_every_state_of_a_call_its_own_stream) {
+  for (const bool three : {false, true}) {
+    std::mt19937_64 r(17);
+    kernels::optim_hparams h;
+    h.amsgrad = three;
+    const int ns = kernels::optimizer_states(optimizer::adam, h);
+    ASSERT_EQ(ns, three ? 3 : 2);
+    std::vector<host_tensor> a;
+    for (int j = 0; j < 3; ++j)
+      a.push_back(make_tensor(r, 1000, true, ns, 256, true, false));
+    std::vector<host_tensor> b = a;
+    kernels::optim_config cfg;
+    cfg.rounding = kernels::codebook_rounding::stochastic;
+    cfg.seed = 5;
+    cfg.offset = 12;
+    std::vector<kernels::optim_tensor> ta;
+    for (auto& x : a)
+      ta.push_back(views_of(x, ns));
+    kernels::optimizer_step(optimizer::adam, h, ta.data(), 3, {}, cfg);
+    for (int j = 0; j < 3; ++j) {
+      kernels::optim_config one = cfg;
+      one.offset = cfg.offset + static_cast<std::uint64_t>(ns * j);
+      const kernels::optim_tensor t = views_of(b[static_cast<std::size_t>(j)], ns);
+      kernels::optimizer_step(optimizer::adam, h, &t, 1, {}, one);
+      EXPECT_TRUE(snapshot(a[static_cast<std::size_t>(j)]) ==
+                  snapshot(b[static_cast<std::size_t>(j)]))
+          << (three ? "three" : "two") << " states, tensor " << j;
+    }
+  }
+}
+
 TEST(optim_twin, many_steps_in_a_row_stay_finite_and_descend_a_quadratic) {
-  // f(p) = sum (p - c)^2 / 2, gradient p - c: every optimizer's 8-bit run gets closer to c.
-  for (optimizer o : all_optimizers) {
+  // f(p) = sum (p - c)^2 / 2, gradient p - c: every optimizer's 8-bit run gets closer to c, in
+  // each of its state forms (three: adam's and adamw's amsgrad, rmsprop centered with momentum).
+  std::vector<std::pair<optimizer, bool>> forms;
+  for (optimizer o : all_optimizers)
+    forms.emplace_back(o, false);
+  for (optimizer o : {optimizer::adam, optimizer::adamw, optimizer::rmsprop})
+    forms.emplace_back(o, true);
+  for (const auto& [o, three] : forms) {
     std::mt19937_64 r(11);
     kernels::optim_hparams h;
+    h.amsgrad = three && o != optimizer::rmsprop;
+    h.centered = three && o == optimizer::rmsprop;
     h.lr = o == optimizer::sgd ? 0.1 : (o == optimizer::adagrad ? 0.5 : 0.01);
     if (o == optimizer::lars) { // steps of lr tc ||p|| in the gradient's direction
       h.lr = 1.0;
@@ -846,8 +922,10 @@ TEST(optim_twin, many_steps_in_a_row_stay_finite_and_descend_a_quadratic) {
       const kernels::optim_tensor t = views_of(x, ns);
       kernels::optimizer_step(o, h, &t, 1, flat(skipped.data(), dtype::int64, 1), {});
     }
-    EXPECT_EQ(skipped[0], 0) << kernels::optimizer_name(o);
-    EXPECT_LT(loss(), 0.5 * l0) << kernels::optimizer_name(o);
+    if (three)
+      EXPECT_EQ(ns, 3);
+    EXPECT_EQ(skipped[0], 0) << kernels::optimizer_name(o) << (three ? " three states" : "");
+    EXPECT_LT(loss(), 0.5 * l0) << kernels::optimizer_name(o) << (three ? " three states" : "");
   }
 }
 
@@ -965,6 +1043,27 @@ TEST(optim_api, refuses_bad_arguments_naming_them) {
   hh = {};
   hh.momentum = 1.0;
   EXPECT_NE(run(views_of(x, 1), hh, {}, optimizer::lars).find("momentum"), std::string::npos);
+  // The third state: amsgrad only for adam and adamw; state3 and absmax3 checked like the others,
+  // and refused where the optimizer keeps two.
+  hh = {};
+  hh.amsgrad = true;
+  EXPECT_NE(run(t, hh, {}, optimizer::lamb).find("amsgrad"), std::string::npos);
+  EXPECT_NE(run(t, hh, {}, optimizer::stable_adamw).find("amsgrad"), std::string::npos);
+  EXPECT_NE(run(t, hh, {}, optimizer::adam).find("tensors[0].state3"), std::string::npos)
+      << run(t, hh, {}, optimizer::adam);
+  host_tensor x3 = make_tensor(r, 300, true, 3, 256, true, false);
+  const bytes_of before3 = snapshot(x3);
+  const kernels::optim_tensor t3 = views_of(x3, 3);
+  EXPECT_NE(run(t3).find("tensors[0].state3"), std::string::npos) << run(t3); // adamw, 2 states
+  bad = t3;
+  bad.absmax3.shape[0] = 1;
+  EXPECT_NE(run(bad, hh).find("tensors[0].absmax3"), std::string::npos) << run(bad, hh);
+  bad = t3;
+  bad.state3 = flat(x.p.data(), dtype::float32, 300);
+  bad.absmax3 = {};
+  EXPECT_NE(run(bad, hh).find("tensors[0].state3"), std::string::npos) << run(bad, hh);
+  EXPECT_TRUE(snapshot(x3) == before3);
+  EXPECT_EQ(run(t3, hh), "(no error)");
   EXPECT_TRUE(snapshot(x) == before); // nothing written by a refused call
   std::vector<std::int64_t> sk(2, 0);
   EXPECT_NE(message_of([&] {
