@@ -326,7 +326,7 @@ def verify(
 
 def optimizer_step(
     optimizer: str,
-    tensors: list[tuple[Any, Any, Optional[Any], Optional[Any], Optional[Any], Optional[Any]]],
+    tensors: list[tuple[Any, ...]],
     lr: float,
     beta1: float,
     beta2: float,
@@ -350,11 +350,12 @@ def optimizer_step(
     adapt: bool = ...,
     bias_correction: bool = ...,
     centered: bool = ...,
+    amsgrad: bool = ...,
 ) -> None: ...
 
 def optimizer_step_raw(
     optimizer: str,
-    items: list[tuple[int, int, int, int, int, int, int, int, bool, int, int]],
+    items: list[tuple[int, int, int, int, int, int, int, int, int, int, bool, int, int]],
     device_type: int,
     device_index: int,
     lr: float,
@@ -380,6 +381,7 @@ def optimizer_step_raw(
     adapt: bool = ...,
     bias_correction: bool = ...,
     centered: bool = ...,
+    amsgrad: bool = ...,
 ) -> None: ...
 
 

@@ -46,41 +46,45 @@ k::codebook_rounding parse_rounding(const std::string& s) {
 
 // One tensor's arguments, kept alive for the call.
 struct taken {
-  std::string names[6]; // the argument records point to them
+  std::string names[8]; // the argument records point to them
   std::vector<array_arg> args;
   k::optim_tensor t;
 };
 
 const dtypes param_dtypes = {dtype::float32, dtype::bfloat16, dtype::float16};
 
+// A tensor's tuple: (param, grad, state1, state2, absmax1, absmax2), or with the third state
+// (amsgrad, RMSprop with momentum and centered) appended: (..., state3, absmax3).
 void take_tensor(const py::handle& item, std::size_t j, std::uintptr_t stream, taken& out) {
   const py::tuple tup = py::reinterpret_borrow<py::tuple>(item);
-  if (tup.size() != 6)
+  if (tup.size() != 6 && tup.size() != 8)
     fail(errc::invalid_argument, "tensors[" + std::to_string(j) +
                                      "]: expected (param, grad, state1, state2, absmax1, "
-                                     "absmax2), None for the ones not kept");
-  static const char* names[6] = {"param", "grad", "state1", "state2", "absmax1", "absmax2"};
-  k::tensor_view* dst[6] = {&out.t.param,  &out.t.grad,    &out.t.state1,
-                            &out.t.state2, &out.t.absmax1, &out.t.absmax2};
-  out.args.reserve(6);
-  for (std::size_t q = 0; q < 6; ++q) {
+                                     "absmax2[, state3, absmax3]), None for the ones not kept");
+  static const char* names[8] = {"param",   "grad",    "state1", "state2",
+                                 "absmax1", "absmax2", "state3", "absmax3"};
+  k::tensor_view* dst[8] = {&out.t.param,   &out.t.grad,    &out.t.state1, &out.t.state2,
+                            &out.t.absmax1, &out.t.absmax2, &out.t.state3, &out.t.absmax3};
+  out.args.reserve(tup.size());
+  for (std::size_t q = 0; q < tup.size(); ++q) {
     if (tup[q].is_none())
       continue;
     out.names[q] = "tensors[" + std::to_string(j) + "]." + names[q];
-    const dtype_rule rule{q < 2   ? param_dtypes
-                          : q < 4 ? dtypes{dtype::float32, dtype::uint8}
-                                  : dtypes{dtype::float32},
+    const bool is_state = q == 2 || q == 3 || q == 6;
+    const dtype_rule rule{q < 2      ? param_dtypes
+                          : is_state ? dtypes{dtype::float32, dtype::uint8}
+                                     : dtypes{dtype::float32},
                           ""};
     out.args.push_back(take(tup[q], out.names[q].c_str(), stream, rule, q != 1));
     *dst[q] = view_of(out.args.back(), out.args.back().contiguous());
   }
 }
 
-// The keyword arguments of both entries below: LAMB's and LARS' trust-ratio settings and
-// RMSprop's centered flag.
+// The keyword arguments of both entries below: LAMB's and LARS' trust-ratio settings,
+// RMSprop's centered flag and Adam's amsgrad.
 struct keyword_args {
   double max_trust_ratio, trust_coefficient;
-  bool adapt, bias_correction, centered;
+  bool adapt, bias_correction, centered, amsgrad;
 };
 
 // The hyper-parameters and the configuration of one step, as both entries below take them.
@@ -104,6 +108,7 @@ k::optim_hparams hparams_of(double lr, double beta1, double beta2, double eps, d
   h.adapt = kw.adapt;
   h.bias_correction = kw.bias_correction;
   h.centered = kw.centered;
+  h.amsgrad = kw.amsgrad;
   return h;
 }
 
@@ -123,12 +128,12 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
                           bool maximize, std::int64_t step, py::handle skipped, std::int64_t block,
                           const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
                           std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
-                          double trust_coefficient, bool adapt, bool bias_correction,
-                          bool centered) {
+                          double trust_coefficient, bool adapt, bool bias_correction, bool centered,
+                          bool amsgrad) {
   const k::optimizer o = parse_optimizer(optimizer);
   const k::optim_hparams h = hparams_of(
       lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay, maximize, step,
-      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered});
+      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered, amsgrad});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   const k::exec ex = exec_of(threads, stream);
   std::vector<taken> held(tensors.size());
@@ -153,13 +158,13 @@ py::object optimizer_step(const std::string& optimizer, const py::list& tensors,
 
 // The torch layer's entry: tensors as raw fields, read from torch tensors it owns (contiguous,
 // on `device`, the current CUDA device for CUDA): per tensor (param, grad, state1, state2,
-// absmax1, absmax2 data pointers, 0 for none; numel; dtype code 0 float32, 1 bfloat16,
-// 2 float16; eight_bit; the residual master weight's data pointer, 0 for none, and its bits, 8
-// or 16). One DLPack exchange per tensor costs microseconds, which for the hundreds of tensors of
-// a model would outweigh the step itself.
-using raw_item =
-    std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
-               std::uintptr_t, std::int64_t, int, bool, std::uintptr_t, int>;
+// state3, absmax1, absmax2, absmax3 data pointers, 0 for none; numel; dtype code 0 float32,
+// 1 bfloat16, 2 float16; eight_bit; the residual master weight's data pointer, 0 for none, and
+// its bits, 8 or 16). One DLPack exchange per tensor costs microseconds, which for the hundreds
+// of tensors of a model would outweigh the step itself.
+using raw_item = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
+                            std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
+                            std::int64_t, int, bool, std::uintptr_t, int>;
 
 py::object optimizer_step_raw(const std::string& optimizer, const std::vector<raw_item>& items,
                               int device_type, int device_index, double lr, double beta1,
@@ -169,11 +174,11 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
                               const std::string& rounding, std::uint64_t seed, std::uint64_t offset,
                               std::int64_t threads, std::uintptr_t stream, double max_trust_ratio,
                               double trust_coefficient, bool adapt, bool bias_correction,
-                              bool centered) {
+                              bool centered, bool amsgrad) {
   const k::optimizer o = parse_optimizer(optimizer);
   const k::optim_hparams h = hparams_of(
       lr, beta1, beta2, eps, weight_decay, momentum, dampening, nesterov, lr_decay, maximize, step,
-      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered});
+      {max_trust_ratio, trust_coefficient, adapt, bias_correction, centered, amsgrad});
   k::optim_config cfg = config_of(block, rounding, seed, offset);
   cfg.check_device_memory = false;
   const k::exec ex = exec_of(threads, stream);
@@ -188,7 +193,7 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
   std::vector<k::optim_tensor> views;
   views.reserve(items.size());
   for (const raw_item& it : items) {
-    const auto [pp, gp, s1, s2, a1, a2, n, code, eight, rp, rbits] = it;
+    const auto [pp, gp, s1, s2, s3, a1, a2, a3, n, code, eight, rp, rbits] = it;
     if (code < 0 || code > 2 || n < 0)
       fail(errc::invalid_argument, "optimizer_step_raw: bad dtype code or element count");
     if (rp != 0 && rbits != 8 && rbits != 16)
@@ -203,6 +208,8 @@ py::object optimizer_step_raw(const std::string& optimizer, const std::vector<ra
     t.state2 = view(s2, st, n);
     t.absmax1 = view(a1, dtype::float32, blocks);
     t.absmax2 = view(a2, dtype::float32, blocks);
+    t.state3 = view(s3, st, n);
+    t.absmax3 = view(a3, dtype::float32, blocks);
     t.residual = view(rp, rbits == 8 ? dtype::int8 : dtype::int16, n);
     views.push_back(t);
   }
@@ -273,7 +280,7 @@ void bind_optim(py::module_& m) {
         py::arg("offset"), py::arg("threads"), py::arg("stream"),
         py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
         py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
-        py::arg("bias_correction") = true, py::arg("centered") = false,
+        py::arg("bias_correction") = true, py::arg("centered") = false, py::arg("amsgrad") = false,
         "optimizer_step over raw data pointers of contiguous tensors the caller owns (the torch "
         "layer's fast path; no DLPack exchange, no device-memory query).");
   m.def("optimizer_step", &optimizer_step, py::arg("optimizer"), py::arg("tensors"), py::arg("lr"),
@@ -283,10 +290,10 @@ void bind_optim(py::module_& m) {
         py::arg("rounding"), py::arg("seed"), py::arg("offset"), py::arg("threads"),
         py::arg("stream"), py::arg("max_trust_ratio") = std::numeric_limits<double>::infinity(),
         py::arg("trust_coefficient") = 1e-3, py::arg("adapt") = true,
-        py::arg("bias_correction") = true, py::arg("centered") = false,
+        py::arg("bias_correction") = true, py::arg("centered") = false, py::arg("amsgrad") = false,
         "One fused optimizer step over tensors, a list of (param, grad, state1, state2, absmax1, "
-        "absmax2) with None for the states not kept, updated in place "
-        "(kernels/include/lowbit/kernels/optim.hpp).");
+        "absmax2), or (..., state3, absmax3) where the optimizer keeps three states, with None "
+        "for the states not kept, updated in place (kernels/include/lowbit/kernels/optim.hpp).");
 }
 
 } // namespace lowbit::python

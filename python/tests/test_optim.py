@@ -39,6 +39,16 @@ CASES = [
      ["square_avg", "momentum_buffer"]),
     (lo.RMSprop, torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, centered=True),
      ["square_avg", "grad_avg"]),
+    # The forms of three states: RMSprop centered with momentum, Adam's and AdamW's amsgrad
+    # (beta2 0.9 and 0.95, so that v falls below its running maximum within the 20 steps).
+    (lo.RMSprop, torch.optim.RMSprop,
+     dict(lr=1e-2, alpha=0.9, momentum=0.9, centered=True, weight_decay=0.01),
+     ["square_avg", "momentum_buffer", "grad_avg"]),
+    (lo.Adam, torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.9), weight_decay=0.1, amsgrad=True),
+     ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]),
+    (lo.AdamW, torch.optim.AdamW, dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05,
+                                       amsgrad=True, maximize=True),
+     ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]),
     (lo.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
      ["sum"]),
 ]
@@ -90,9 +100,20 @@ def _magnitude(name, kw, old, p, g, step, olds):
         return b1 * old + (1 - b1) * big
     if name == "exp_avg_sq":
         return b2 * old + (1 - b2) * big * big
+    if name == "max_exp_avg_sq":  # max(old, v): an exact operation on v's magnitude
+        return torch.maximum(old, _magnitude("exp_avg_sq", kw, olds["exp_avg_sq"], p, g, step,
+                                             olds))
     if name == "momentum_buffer" and "square_avg" in olds:
-        # RMSprop's: mom buf + G / (sqrt(v) + eps), with the new square average v.
+        # RMSprop's: mom buf + G / d, d = sqrt(v) + eps with the new square average v, or
+        # centered sqrt(v - s^2) + eps with the new average s (in float64 from the old states
+        # and the signed gradient g + wd p).
         v = _magnitude("square_avg", kw, olds["square_avg"], p, g, step, olds)
+        if kw.get("centered", False):
+            alpha = kw.get("alpha", 0.99)
+            gs = olds["_signed_grad"]
+            v = alpha * olds["square_avg"].double() + (1 - alpha) * gs * gs
+            avg = alpha * olds["grad_avg"].double() + (1 - alpha) * gs
+            v = (v - avg * avg).clamp_min(0.0)
         return kw["momentum"] * old + big / (v.sqrt() + kw.get("eps", 1e-8))
     if name == "momentum_buffer":
         return big if step == 1 else kw["momentum"] * old + (1 - kw.get("dampening", 0.0)) * big
@@ -118,6 +139,10 @@ def test_32bit_variants_stay_within_a_few_ulps_of_torch_per_step(case):
         old = pt.detach().clone()
         olds = {n: ot.state[pt][n].clone() if n in ot.state[pt] else
                 torch.full_like(old, kw.get("initial_accumulator_value", 0.0)) for n in names}
+        # The gradient the states see, signed (RMSprop's centered variance needs it).
+        sign = -1.0 if kw.get("maximize", False) else 1.0
+        l2 = kw.get("weight_decay", 0.0) if lcls is not lo.AdamW else 0.0
+        olds["_signed_grad"] = sign * grad.double() + l2 * old.double()
         ol.step()
         ot.step()
         wkw = dict(kw) if lcls is not lo.AdamW else dict(kw, weight_decay=0.0)
@@ -388,6 +413,9 @@ TRAJECTORIES = [
     (lo.RMSprop, dict(lr=1e-3)),
     (lo.RMSprop, dict(lr=1e-3, momentum=0.9)),
     (lo.RMSprop, dict(lr=1e-3, centered=True)),
+    (lo.RMSprop, dict(lr=1e-3, momentum=0.9, centered=True)),
+    (lo.Adam, dict(lr=1e-3, amsgrad=True)),
+    (lo.AdamW, dict(lr=1e-3, amsgrad=True)),
     (lo.Adagrad, dict(lr=0.05)),
     (lo.LAMB, dict(lr=1e-2)),
     (lo.LARS, dict(lr=1.0, trust_coefficient=0.01)),
@@ -421,6 +449,10 @@ def test_8bit_trajectory_follows_32bit(cls, kw):
     (lo.LAMB8bit, {}), (lo.LAMB8bit, dict(max_trust_ratio=2.0, bias_correction=False)),
     (lo.LARS8bit, dict(trust_coefficient=0.02)), (lo.LARS, dict(nesterov=True)),
     (lo.RMSprop8bit, dict(momentum=0.9)), (lo.RMSprop8bit, dict(centered=True)),
+    (lo.RMSprop8bit, dict(momentum=0.9, centered=True)),
+    (lo.RMSprop8bit, dict(momentum=0.9, centered=True, stochastic_rounding=True, seed=5)),
+    (lo.AdamW8bit, dict(amsgrad=True)), (lo.Adam, dict(amsgrad=True)),
+    (lo.Adam8bit, dict(amsgrad=True, stochastic_rounding=True, seed=4)),
 ])
 def test_state_dict_round_trip_is_bit_identical_to_not_stopping(cls, kw):
     kw = dict(kw, lr=1e-3, min_8bit_size=256)
@@ -476,17 +508,68 @@ def test_loading_torch_adamw_state_quantizes_it():
     _, _ = _train(model, opt, steps=5)  # and the step runs on them
 
 
+@pytest.mark.parametrize("tcls,lcls", [(torch.optim.Adam, lo.Adam), (torch.optim.AdamW, lo.AdamW)])
+def test_loading_torch_amsgrad_state_takes_max_exp_avg_sq(tcls, lcls):
+    """torch's Adam/AdamW(amsgrad=True) state: max_exp_avg_sq kept as it is in 32 bits (and the
+    group's amsgrad with it, as torch's load_state_dict takes the saved group's settings, also
+    into an optimizer made without amsgrad), quantized with the unsigned map in 8 bits; the
+    continued run follows torch's."""
+    ref = _mlp(7)
+    topt = tcls(ref.parameters(), lr=1e-3, betas=(0.9, 0.9), amsgrad=True, foreach=False)
+    _train(ref, topt, steps=8)
+    saved = copy.deepcopy(topt.state_dict())
+    model, model8 = copy.deepcopy(ref), copy.deepcopy(ref)
+    opt = lcls(model.parameters(), lr=1e-3, betas=(0.9, 0.9))  # amsgrad from the state_dict
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["amsgrad"] is True
+    opt8 = lcls(model8.parameters(), lr=1e-3, betas=(0.9, 0.9), amsgrad=True, bits=8)
+    opt8.load_state_dict(saved)
+    eight = below = 0
+    for p, p8, q in zip(model.parameters(), model8.parameters(), ref.parameters()):
+        tst = topt.state[q]
+        assert torch.equal(opt.state[p]["max_exp_avg_sq"], tst["max_exp_avg_sq"])
+        below += int((tst["exp_avg_sq"] < tst["max_exp_avg_sq"]).sum())
+        st8 = opt8.state[p8]
+        if st8["max_exp_avg_sq"].dtype == torch.uint8:
+            eight += 1
+            back = opt8.state_float(p8, "max_exp_avg_sq")
+            absmax = st8["max_exp_avg_sq_absmax"].reshape(-1).repeat_interleave(256)
+            assert torch.all((back - tst["max_exp_avg_sq"]).abs() <= 0.07 * absmax.reshape(p.shape))
+            assert bool((back >= 0).all())  # the unsigned map
+    assert eight > 0
+    # After steps with beta2 = 0.9, v lies below its running maximum in places: the state matters.
+    assert below > 1000
+    losses = []
+    for m, o in [(ref, topt), (model, opt)]:
+        g = torch.Generator().manual_seed(11)
+        for _ in range(5):
+            x = torch.randn(64, 32, generator=g)
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            o.step()
+        losses.append([p.detach().clone() for p in m.parameters()])
+    for a, b in zip(*losses):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    _train(model8, opt8, steps=5)  # and the 8-bit step runs on them
+
+
 # ---- non-finite gradients -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("bits", [8, 32])
-def test_non_finite_gradient_leaves_its_block_untouched_and_is_counted(bad, bits):
+@pytest.mark.parametrize("cls,kw", [(lo.AdamW, {}), (lo.Adam, dict(amsgrad=True)),
+                                    (lo.RMSprop, dict(momentum=0.9, centered=True))],
+                         ids=["AdamW", "Adam-amsgrad", "RMSprop-centered-momentum"])
+def test_non_finite_gradient_leaves_its_block_untouched_and_is_counted(bad, bits, cls, kw):
     g = torch.Generator().manual_seed(9)
     p = torch.nn.Parameter(torch.randn(20, 256, generator=g))  # rows of one block: 8-bit
-    opt = lo.AdamW([p], lr=1e-2, bits=bits)
+    opt = cls([p], lr=1e-2, bits=bits, **kw)
     p.grad = torch.randn(20, 256, generator=g)
     opt.step()  # states now nonzero
-    assert opt.state[p]["exp_avg"].dtype == (torch.uint8 if bits == 8 else torch.float32)
+    names = [n for n, _ in opt._group_states(opt.param_groups[0])]
+    assert len(names) == (2 if cls is lo.AdamW else 3)
+    assert all(opt.state[p][n].dtype == (torch.uint8 if bits == 8 else torch.float32)
+               for n in names)
     before = p.detach().flatten().clone()
     states = {k: v.clone() for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
     grad = torch.randn(20, 256, generator=g)
@@ -562,14 +645,17 @@ def test_half_precision_parameters_and_argument_errors():
         lo.AdamW([torch.nn.Parameter(torch.ones(3))], block_size=512)
     with pytest.raises(ValueError, match="beta"):
         lo.AdamW([torch.nn.Parameter(torch.ones(3))], betas=(1.0, 0.9))
-    with pytest.raises(ValueError, match="three states"):
-        lo.RMSprop([torch.nn.Parameter(torch.ones(3))], momentum=0.9, centered=True)
-    # A param group may set them too: the step refuses the pair as well.
+    # amsgrad is Adam's and AdamW's: the other optimizers do not take it, and the kernel refuses
+    # it where a param group sets it for one of them.
+    with pytest.raises(TypeError, match="amsgrad"):
+        lo.StableAdamW([torch.nn.Parameter(torch.ones(3))], amsgrad=True)
+    with pytest.raises(TypeError, match="amsgrad"):
+        lo.LAMB([torch.nn.Parameter(torch.ones(3))], amsgrad=True)
     q = torch.nn.Parameter(torch.ones(3))
     q.grad = torch.ones(3)
-    opt = lo.RMSprop([q], momentum=0.9)
-    opt.param_groups[0]["centered"] = True
-    with pytest.raises(ValueError, match="three states"):
+    opt = lo.StableAdamW([q])
+    opt.param_groups[0]["amsgrad"] = True
+    with pytest.raises(ValueError, match="amsgrad applies to adam and adamw only"):
         opt.step()
     p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
     p.grad = torch.ones(3, dtype=torch.float64)
@@ -672,7 +758,12 @@ def test_percentile_clipping_leaves_p_grad_alone_and_rejects_bad_values():
                                     (lo.SGD8bit, dict(momentum=0.9)), (lo.Lion8bit, {}),
                                     (lo.AdamW, {}), (lo.LAMB8bit, {}), (lo.LAMB, {}),
                                     (lo.LARS8bit, {}), (lo.RMSprop8bit, dict(momentum=0.9)),
-                                    (lo.RMSprop8bit, dict(centered=True))])
+                                    (lo.RMSprop8bit, dict(centered=True)),
+                                    (lo.RMSprop8bit, dict(momentum=0.9, centered=True)),
+                                    (lo.RMSprop, dict(momentum=0.9, centered=True)),
+                                    (lo.Adam8bit, dict(amsgrad=True)),
+                                    (lo.AdamW8bit, dict(amsgrad=True, stochastic_rounding=True)),
+                                    (lo.AdamW, dict(amsgrad=True))])
 def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
     cpu = _mlp(5)
     gpu = copy.deepcopy(cpu).cuda()
@@ -730,6 +821,28 @@ def test_dlpack_entry_equals_the_torch_layer():
         core.optimizer_step("adamw", [(pn, grad.numpy().astype(np.float16), m, v, am, av)],
                             1e-2, 0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0, False, 1, None,
                             256, "nearest_toward_zero", 0, 0, 0, 0)
+    # Three states: the tuple takes (state3, absmax3) after the other six.
+    p3 = torch.nn.Parameter(torch.randn(20, 256, generator=g))
+    p3.grad = grad.clone().reshape(20, 256)
+    opt3 = lo.AdamW8bit([p3], lr=1e-2, weight_decay=0.1, amsgrad=True)
+    pn3 = p3.detach().numpy().reshape(-1).copy()
+    opt3.step()
+    m3, v3, x3 = (np.full(5120, _codebook(s)[1], np.uint8) for s in (True, False, False))
+    a3 = [np.zeros(20, np.float32) for _ in range(3)]
+    core.optimizer_step("adamw", [(pn3, grad.numpy(), m3, v3, a3[0], a3[1], x3, a3[2])], 1e-2,
+                        0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0, False, 1, None, 256,
+                        "nearest_toward_zero", 0, 0, 0, 0, amsgrad=True)
+    assert np.array_equal(pn3, p3.detach().numpy().reshape(-1))
+    assert np.array_equal(x3, opt3.state[p3]["max_exp_avg_sq"].numpy().reshape(-1))
+    assert np.array_equal(a3[2], opt3.state[p3]["max_exp_avg_sq_absmax"].numpy().reshape(-1))
+    with pytest.raises(ValueError, match=r"tensors\[0\]\.state3"):  # amsgrad without state3
+        core.optimizer_step("adamw", [(pn3, grad.numpy(), m3, v3, a3[0], a3[1])], 1e-2, 0.9,
+                            0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0, False, 1, None, 256,
+                            "nearest_toward_zero", 0, 0, 0, 0, amsgrad=True)
+    with pytest.raises(ValueError, match="absmax2"):  # neither 6 nor 8 entries
+        core.optimizer_step("adamw", [(pn3, grad.numpy(), m3, v3, a3[0], a3[1], x3)], 1e-2,
+                            0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0, False, 1, None, 256,
+                            "nearest_toward_zero", 0, 0, 0, 0, amsgrad=True)
     with pytest.raises(ValueError, match="optimizer 'adamax'"):
         core.optimizer_step("adamax", [], 1e-2, 0.9, 0.999, 1e-8, 0.1, 0.0, 0.0, False, 0.0,
                             False, 1, None, 256, "nearest_toward_zero", 0, 0, 0, 0)

@@ -138,8 +138,9 @@ def _same_gradient_steps(ref, o_ref, mod, o_mod, steps, device, check=None):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cls,kw,steps", [(lo.AdamW, {}, 1000),
-                                          (lo.AdamW8bit, dict(min_8bit_size=0), 300)],
-                         ids=["AdamW", "AdamW8bit"])
+                                          (lo.AdamW8bit, dict(min_8bit_size=0), 300),
+                                          (lo.AdamW, dict(amsgrad=True), 300)],
+                         ids=["AdamW", "AdamW8bit", "AdamW-amsgrad"])
 def test_bfloat16_residual16_adamw_equals_the_float32_master_for_1000_steps(device, cls, kw,
                                                                              steps):
     dev = _device(device)
@@ -254,8 +255,11 @@ def _same_weights(a, oa, b, ob):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cls,kw", [(lo.AdamW, {}), (lo.AdamW8bit, dict(min_8bit_size=0)),
-                                    (lo.StableAdamW, {}), (lo.SGD, dict(momentum=0.9))],
-                         ids=["AdamW", "AdamW8bit", "StableAdamW", "SGD"])
+                                    (lo.StableAdamW, {}), (lo.SGD, dict(momentum=0.9)),
+                                    (lo.Adam8bit, dict(min_8bit_size=0, amsgrad=True)),
+                                    (lo.RMSprop, dict(momentum=0.9, centered=True))],
+                         ids=["AdamW", "AdamW8bit", "StableAdamW", "SGD", "Adam8bit-amsgrad",
+                              "RMSprop-centered-momentum"])
 def test_fused_step_equals_the_ordinary_step_bit_for_bit(device, cls, kw):
     dev = _device(device)
     a, oa, b, ob = _fused_pair(dev, cls, **kw)

@@ -3,11 +3,12 @@
 Every optimizer here is a :class:`torch.optim.Optimizer` whose ``step`` hands each param group's
 tensors to one multi-tensor call of ``lowbit._core.optimizer_step``: the CPU twin for CPU
 tensors, the CUDA kernel on the current stream for CUDA tensors. States are ordinary tensors in
-``self.state[p]`` under torch's names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``,
-``square_avg``, ``sum``): float32 for 32-bit states; for 8-bit states uint8 codes of the
-parameter's shape plus float32 ``<name>_absmax`` (one per block), quantized with the dynamic tree
-map (signed for first moments, unsigned for second moments). The equations, the state layout and
-the rule for NaN/Inf gradients are in docs/techniques/optimizers.md.
+``self.state[p]`` under torch's names (``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``,
+``momentum_buffer``, ``square_avg``, ``grad_avg``, ``sum``): float32 for 32-bit states; for 8-bit
+states uint8 codes of the parameter's shape plus float32 ``<name>_absmax`` (one per block),
+quantized with the dynamic tree map (signed for first moments and momentum, unsigned for second
+moments and their maximum). The equations, the state layout and the rule for NaN/Inf gradients
+are in docs/techniques/optimizers.md.
 
 Percentile gradient clipping (``percentile_clipping=q``, q in 1..100, 100 = off; the 8-bit
 optimizers paper, Dettmers et al. 2022): each parameter keeps the L2 norms of its last 100 gradients
@@ -44,8 +45,10 @@ _HISTORY = 100  # gradient norms kept per parameter for percentile clipping
 
 _OVERRIDE_ATTR = "_lowbit_optim"
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-# Keyword arguments of the entry: LAMB's and LARS' trust-ratio settings, RMSprop's centered.
-_KEYWORD_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction", "centered")
+# Keyword arguments of the entry: LAMB's and LARS' trust-ratio settings, RMSprop's centered,
+# Adam's amsgrad.
+_KEYWORD_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correction", "centered",
+                 "amsgrad")
 # master_weights: the residual's bits and storage dtype.
 _MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
 _RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
@@ -169,7 +172,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     _kernel: str = ""
     # (name, signed map) of every state the optimizer may keep; _group_states says which a
-    # param group keeps, in the kernel's order (state1, state2).
+    # param group keeps, in the kernel's order (state1, state2, state3).
     _states: tuple[tuple[str, bool], ...] = ()
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, bits: int,
@@ -408,6 +411,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
             keep.append((param, grad, objs))
             buckets.setdefault((device, step), []).append(
                 (param.data_ptr(), grad.data_ptr(), *ptrs, n, code, eight, rptr, rbits))
+        # Philox streams per item: one per state, at least two (the kernel's stream numbering).
+        streams = max(2, len(specs))
         if buckets:
             hp = self._hparams(group)
             rounding = "stochastic" if self.stochastic_rounding else "nearest_toward_zero"
@@ -428,8 +433,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
             else:
                 raise RuntimeError(f"{who}: parameters on {device} are not supported (CPU and "
                                    "CUDA only)")
-            self.rng_offset += 2 * len(items)
-        self.rng_offset += 2 * empty
+            self.rng_offset += streams * len(items)
+        self.rng_offset += streams * empty
         for p, param in copies:
             _dist.local(p).copy_(param)
         del keep
@@ -506,9 +511,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def _state_fields(self, p: torch.Tensor, st: dict[str, Any],
                       names: tuple[tuple[str, bool], ...]) -> tuple[list[int], bool]:
-        """The states' data pointers (and whether they are 8-bit), checked; cached per
-        parameter while its state tensors stay the same objects."""
-        ptrs = [0, 0, 0, 0]
+        """The states' data pointers (state1..3, then absmax1..3; 0 where not kept) and whether
+        they are 8-bit, checked; cached per parameter while its state tensors stay the same
+        objects."""
+        ptrs = [0] * 6
         eight = False
         for k, (name, _) in enumerate(names):
             s_k = _dist.local(st[name])
@@ -523,7 +529,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                         a_k.numel() != self._blocks(p) or a_k.device != p.device:
                     raise RuntimeError(f"{type(self).__name__}: '{name}_absmax' of a "
                                        "parameter is not float32 with one value per block")
-                ptrs[2 + k] = a_k.data_ptr()
+                ptrs[3 + k] = a_k.data_ptr()
             elif s_k.dtype != torch.float32:
                 raise RuntimeError(f"{type(self).__name__}: state '{name}' has dtype "
                                    f"{s_k.dtype}; expected float32 or uint8")

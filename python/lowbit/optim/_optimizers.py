@@ -34,10 +34,13 @@ _common = dict(bits=32, block_size=256, min_8bit_size=4096, stochastic_rounding=
 
 
 class _AdamFamily(LowbitOptimizer):
-    _states = (("exp_avg", True), ("exp_avg_sq", False))
+    # max_exp_avg_sq: the running maximum of exp_avg_sq that amsgrad keeps (Adam, AdamW).
+    _states = (("exp_avg", True), ("exp_avg_sq", False), ("max_exp_avg_sq", False))
 
     def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float], eps: float,
-                 weight_decay: float, maximize: bool, **kw: Any) -> None:
+                 weight_decay: float, maximize: bool, group_keys: dict[str, Any],
+                 **kw: Any) -> None:
+        """group_keys: the member's own param group keys (Adam's and AdamW's amsgrad)."""
         _lr(lr)
         _check("beta parameter at index 0", betas[0], 0.0, 1.0)
         _check("beta parameter at index 1", betas[1], 0.0, 1.0)
@@ -46,34 +49,46 @@ class _AdamFamily(LowbitOptimizer):
         if weight_decay < 0.0:
             raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
         cfg = dict(_common, **kw)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, maximize=maximize), **cfg)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        maximize=maximize, **group_keys)
+        super().__init__(params, defaults, **cfg)
+
+    def _group_states(self, g: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+        return self._states if g.get("amsgrad", False) else self._states[:2]
 
     def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
         return dict(lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                    weight_decay=g["weight_decay"], maximize=g["maximize"])
+                    weight_decay=g["weight_decay"], maximize=g["maximize"],
+                    amsgrad=bool(g.get("amsgrad", False)))
 
 
 class Adam(_AdamFamily):
-    """torch.optim.Adam (L2 weight decay through the gradient) with 32- or 8-bit states."""
+    """torch.optim.Adam (L2 weight decay through the gradient) with 32- or 8-bit states;
+    ``amsgrad=True`` keeps the running maximum of exp_avg_sq (``max_exp_avg_sq``) and divides by
+    its square root, as torch's."""
 
     _kernel = "adam"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, maximize: bool = False, **kw: Any) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, maximize,
+                         dict(amsgrad=bool(amsgrad)), **kw)
 
 
 class AdamW(_AdamFamily):
-    """torch.optim.AdamW (decoupled weight decay) with 32- or 8-bit states."""
+    """torch.optim.AdamW (decoupled weight decay) with 32- or 8-bit states; ``amsgrad`` as
+    :class:`Adam`'s."""
 
     _kernel = "adamw"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, maximize: bool = False, **kw: Any) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, maximize,
+                         dict(amsgrad=bool(amsgrad)), **kw)
 
 
 class StableAdamW(_AdamFamily):
@@ -88,7 +103,7 @@ class StableAdamW(_AdamFamily):
                  weight_decay: float = 1e-2, *, maximize: bool = False, **kw: Any) -> None:
         if eps <= 0.0:
             raise ValueError(f"invalid epsilon value: {eps!r} (StableAdamW needs eps > 0)")
-        super().__init__(params, lr, betas, eps, weight_decay, maximize, **kw)
+        super().__init__(params, lr, betas, eps, weight_decay, maximize, {}, **kw)
 
 
 class SGD(LowbitOptimizer):
@@ -144,11 +159,11 @@ class Lion(LowbitOptimizer):
 
 
 class RMSprop(LowbitOptimizer):
-    """torch.optim.RMSprop (L2 weight decay; momentum or centered) with 32- or 8-bit states:
-    the square average, and the momentum buffer (momentum > 0) or the gradient's average
-    (centered). Momentum and centered together would need a third state and are refused. The
-    centered variance v - s^2 is clamped at 0 before its square root (torch's would be NaN
-    where rounding or 8-bit states make it negative)."""
+    """torch.optim.RMSprop (L2 weight decay, momentum, centered) with 32- or 8-bit states: the
+    square average, plus the momentum buffer (momentum > 0) and the gradient's average
+    (centered), each where its option is on (three states with both). The centered variance
+    v - s^2 is clamped at 0 before its square root (torch's would be NaN where rounding or 8-bit
+    states make it negative)."""
 
     _kernel = "rmsprop"
     _states = (("square_avg", False), ("momentum_buffer", True), ("grad_avg", True))
@@ -161,28 +176,21 @@ class RMSprop(LowbitOptimizer):
         _check("momentum value", momentum, 0.0, 1.0)
         if weight_decay < 0.0:
             raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
-        _rmsprop_mode(momentum, centered)
         cfg = dict(_common, **kw)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
                                       momentum=momentum, centered=bool(centered),
                                       maximize=maximize), **cfg)
 
     def _group_states(self, g: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
-        second = _rmsprop_mode(g.get("momentum", 0.0), g.get("centered", False))
-        return self._states[:1] + tuple(s for s in self._states if s[0] == second)
+        # torch's order, the kernel's: square_avg, then momentum_buffer, then grad_avg.
+        keep = {"square_avg": True, "momentum_buffer": g.get("momentum", 0.0) != 0.0,
+                "grad_avg": bool(g.get("centered", False))}
+        return tuple(s for s in self._states if keep[s[0]])
 
     def _hparams(self, g: dict[str, Any]) -> dict[str, Any]:
         return dict(lr=float(g["lr"]), beta2=g["alpha"], eps=g["eps"],
                     weight_decay=g["weight_decay"], momentum=g.get("momentum", 0.0),
                     centered=bool(g.get("centered", False)), maximize=g["maximize"])
-
-
-def _rmsprop_mode(momentum: float, centered: bool) -> str:
-    """RMSprop's second state: "momentum_buffer", "grad_avg" or "" (none)."""
-    if momentum != 0.0 and centered:
-        raise ValueError("lowbit RMSprop: momentum and centered together need three states; "
-                         "use one of them")
-    return "momentum_buffer" if momentum != 0.0 else ("grad_avg" if centered else "")
 
 
 class Adagrad(LowbitOptimizer):
