@@ -7,7 +7,9 @@
 // faster than bf16). Each lowbit row has row-wise scales on both operands, a float32 bias and
 // bf16 output, as a SwitchBack layer computes it. Counters: TFLOPs = 2 M N K / time.
 // e5m2_e4m3_cutlass (an E5M2 gradient times E4M3 codes, as fp8 training's input gradient) runs
-// at 65536x1280x5120 alone, the input gradient of the MLP up-projection.
+// at 65536x1280x5120 alone, the input gradient of the MLP up-projection. The *_hopper_model*
+// rows run emu::hopper_fp8_accumulation (slow, or fast) on the CUDA cores, bit for bit what the
+// H200's fp8 tensor cores sum: 8192^3 in e4m3, and e5m2 x e4m3 at 65536x1280x5120.
 //
 // Shapes: 8192^3, and the ViT-H layers of the SwitchBack paper (width 1280, MLP 5120) at 65536
 // tokens: 65536x5120x1280 (MLP up-projection forward; input gradient of the down-projection),
@@ -21,9 +23,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <lowbit/emu/accumulate.hpp>
 #include <lowbit/emu/error.hpp>
 #include <lowbit/emu/names.hpp>
 #include <lowbit/kernels/cast.hpp>
@@ -212,7 +216,8 @@ void bm_baseline(benchmark::State& state, shape s) {
 
 enum class kind { int8, e4m3, e5m2_e4m3, bf16 };
 
-void bm_lowbit(benchmark::State& state, shape s, kind el, kernels::gemm_backend backend) {
+void bm_lowbit(benchmark::State& state, shape s, kind el, kernels::gemm_backend backend,
+               std::optional<emu::accumulation> model = std::nullopt) {
   auto& o = ops();
   o.ensure(s);
   kernels::gemm_operand a, b;
@@ -247,6 +252,7 @@ void bm_lowbit(benchmark::State& state, shape s, kind el, kernels::gemm_backend 
   const auto out = dev_view(o.out, dtype::bfloat16, {s.m, s.n});
   kernels::gemm_options opt;
   opt.backend = backend;
+  opt.accumulation = model;
   try {
     kernels::scaled_matmul(a, b, bias, out, opt); // refusals surface here, before timing
   } catch (const lowbit::error& e) {
@@ -265,6 +271,7 @@ void register_gemm() {
     kind el;
     gemm_backend backend;
     const char* only = nullptr; // the one shape of the row (null: every shape)
+    std::optional<emu::accumulation> model = std::nullopt;
   };
   const std::vector<row> rows = {
       {"int8_cutlass", kind::int8, gemm_backend::cutlass},
@@ -275,6 +282,13 @@ void register_gemm() {
       {"e5m2_e4m3_cutlass", kind::e5m2_e4m3, gemm_backend::cutlass, "65536x1280x5120"},
       {"bf16_cutlass", kind::bf16, gemm_backend::cutlass},
       {"bf16_cublaslt", kind::bf16, gemm_backend::cublaslt},
+      // The Hopper accumulation model on the CUDA cores (simt's model kernel), both modes.
+      {"e4m3_hopper_model_simt", kind::e4m3, gemm_backend::simt, "8192x8192x8192",
+       emu::hopper_fp8_accumulation(false)},
+      {"e4m3_hopper_model_fast_simt", kind::e4m3, gemm_backend::simt, "8192x8192x8192",
+       emu::hopper_fp8_accumulation(true)},
+      {"e5m2_e4m3_hopper_model_simt", kind::e5m2_e4m3, gemm_backend::simt, "65536x1280x5120",
+       emu::hopper_fp8_accumulation(false)},
   };
   for (const shape& s : shapes) {
     const std::string prefix = "gemm/" + s.name() + "/";
@@ -283,7 +297,7 @@ void register_gemm() {
     for (const row& r : rows)
       if (r.only == nullptr || s.name() == r.only)
         register_gpu(prefix + r.name,
-                     [s, r](benchmark::State& st) { bm_lowbit(st, s, r.el, r.backend); });
+                     [s, r](benchmark::State& st) { bm_lowbit(st, s, r.el, r.backend, r.model); });
   }
 }
 

@@ -35,16 +35,24 @@ struct no_model {};
 // products in the same order) instead of acc = acc + prod. Blocked: block scales along K (the
 // blocked rule of gemm.hpp): every p.kblock products the block's sum is scaled into the float32
 // total and the sum starts afresh, as the twin does.
+// redo (Model only; null: every tile): after the model kernel, which marks in redo[1 + t] the
+// tiles t of its grid (model_tile_m x model_tile_n, redo_tiles_n along N) whose operands hold
+// NaN or Inf, and sets redo[0] when it marked any: only those tiles run here.
 template <bool Int, bool Model = false, bool Blocked = false>
 __global__ void __launch_bounds__(simt_threads)
-    simt_kernel(const gemm_problem p, std::int64_t tiles_n, std::int64_t tiles) {
+    simt_kernel(const gemm_problem p, std::int64_t tiles_n, std::int64_t tiles,
+                const std::uint8_t* redo, std::int64_t redo_tiles_n) {
   using acc_t = std::conditional_t<Int, int, float>;
   // One column of padding: the B reads sb[tx][c] of a warp fall in distinct banks.
   __shared__ acc_t sa[tile][tk + 1];
   __shared__ acc_t sb[tile][tk + 1];
   const int tx = static_cast<int>(threadIdx.x) % tile, ty = static_cast<int>(threadIdx.x) / tile;
+  if (redo != nullptr && redo[0] == 0)
+    return;
   for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const std::int64_t m0 = (t / tiles_n) * tile, n0 = (t % tiles_n) * tile;
+    if (redo != nullptr && redo[1 + (m0 / model_tile_m) * redo_tiles_n + n0 / model_tile_n] == 0)
+      continue;
     const std::int64_t m = m0 + ty, n = n0 + tx;
     acc_t acc = 0;
     auto model = [&] {
@@ -235,19 +243,36 @@ void simt_matmul(const gemm_problem& p, const exec& ex) {
   const unsigned grid = grid_for(tiles, 1, 8);
   const bool model = p.accumulation.kind != emu::accumulation_kind::fp32_sequential;
   const cudaStream_t s = stream_of(ex);
-  if (p.kblock > 0 && p.k > 0) {
-    if (p.a.elem == gemm_elem::int8)
-      simt_kernel<true, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
-    else if (model)
-      simt_kernel<false, true, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
+  const bool blocked = p.kblock > 0 && p.k > 0;
+  if (model && model_kernel_takes(p)) {
+    // The model kernel, then the general one over the tiles it left (NaN or Inf operands).
+    const std::int64_t redo_tiles_n = (p.n + model_tile_n - 1) / model_tile_n;
+    const std::int64_t redo_tiles = ((p.m + model_tile_m - 1) / model_tile_m) * redo_tiles_n;
+    scratch redo(static_cast<std::size_t>(1 + redo_tiles), s);
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(redo.as<std::uint8_t>(), 0, 1 + redo_tiles, s));
+    model_matmul(p, redo.as<std::uint8_t>(), ex);
+    if (blocked)
+      simt_kernel<false, true, true>
+          <<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, redo.as<std::uint8_t>(), redo_tiles_n);
     else
-      simt_kernel<false, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles);
+      simt_kernel<false, true>
+          <<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, redo.as<std::uint8_t>(), redo_tiles_n);
+    check_launch("simt_kernel");
+    return;
+  }
+  if (blocked) {
+    if (p.a.elem == gemm_elem::int8)
+      simt_kernel<true, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
+    else if (model)
+      simt_kernel<false, true, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
+    else
+      simt_kernel<false, false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
   } else if (p.a.elem == gemm_elem::int8)
-    simt_kernel<true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
+    simt_kernel<true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
   else if (model)
-    simt_kernel<false, true><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
+    simt_kernel<false, true><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
   else
-    simt_kernel<false><<<grid, simt_threads, 0, stream_of(ex)>>>(p, tiles_n, tiles);
+    simt_kernel<false><<<grid, simt_threads, 0, s>>>(p, tiles_n, tiles, nullptr, 0);
   check_launch("simt_kernel");
 }
 

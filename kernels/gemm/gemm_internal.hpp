@@ -239,6 +239,17 @@ namespace cuda {
 int compute_capability();
 
 void simt_matmul(const gemm_problem& p, const exec& ex);
+
+// simt's fast kernel for block-fixed-point models over fp8 operands (gemm_model.cu): the general
+// kernel's bits, computed in float32 on tiles of model_tile_m x model_tile_n outputs.
+// model_kernel_takes says where it applies (fp8 x fp8, align_with_register, k dividing 32,
+// (k + 1) 2^(f + 2) <= 2^24, block scales' K a multiple of k). model_matmul writes every tile
+// except those whose operands hold NaN or Inf: it marks those in redo[1 + tile] (row-major over its
+// tiles) and sets redo[0], all of redo zero on entry; simt_matmul then runs the general kernel over
+// them.
+inline constexpr std::int64_t model_tile_m = 128, model_tile_n = 64;
+bool model_kernel_takes(const gemm_problem& p);
+void model_matmul(const gemm_problem& p, std::uint8_t* redo, const exec& ex);
 // s[0] = sa[0] * sb[0] (float32, device pointers) on ex's stream: the one factor of scalar scales
 // for a fused epilogue that multiplies by one scale at a time.
 void scale_product(const float* sa, const float* sb, float* s, const exec& ex);

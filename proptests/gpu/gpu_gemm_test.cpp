@@ -711,6 +711,52 @@ void stress_rows(problem& p) {
   p.b.store();
 }
 
+// simt's model kernel (gemm_model.cu, block-fixed-point models over fp8 operands) == the twin
+// bit for bit on shapes that cross its 128 x 64 tiles and K that is not a multiple of its 32:
+// the Hopper models and random models of what the kernel takes (k dividing 32, f up to
+// (k + 1) 2^(f + 2) <= 2^24, every rounding, register width, promotion and exponent rule); codes
+// drawn from every finite value with the stress rows, or from every code (NaN and Inf send their
+// tiles to the general kernel).
+TEST(gpu_gemm, simt_model_kernel_equals_the_twin) {
+  LOWBIT_REQUIRE_GPU();
+  std::int64_t outputs = 0;
+  EXPECT_TRUE(rc::check("gpu_gemm.model_kernel", [&] {
+    const kind ka = *rc::gen::element(kind::e4m3, kind::e5m2);
+    const kind kb = *rc::gen::element(kind::e4m3, kind::e5m2);
+    const int k = *rc::gen::element(1, 2, 4, 8, 16, 32);
+    int f_max = 0;
+    while ((std::int64_t{k} + 1) << (f_max + 3) <= (std::int64_t{1} << 24))
+      ++f_max;
+    const emu::accumulation drawn = emu::block_fixed_point(
+        k, *rc::gen::inRange(0, f_max + 1), true,
+        *rc::gen::element(emu::term_rounding::toward_zero, emu::term_rounding::nearest_even),
+        *rc::gen::element(emu::register_rounding::toward_zero,
+                          emu::register_rounding::nearest_even),
+        *rc::gen::inRange(0, 9), *rc::gen::inRange(1, 25),
+        *rc::gen::element(emu::product_exponent::of_operand_fields,
+                          emu::product_exponent::of_operands, emu::product_exponent::of_product));
+    const emu::accumulation model = *rc::gen::element(emu::hopper_fp8_accumulation(false),
+                                                      emu::hopper_fp8_accumulation(true), drawn);
+    options o;
+    o.v = *rc::gen::element(values::finite, values::finite, values::any);
+    o.aligned = *rc::gen::arbitrary<bool>();
+    o.max_k = 600;
+    problem p = make_problem(ka, kb, o);
+    if (o.v == values::finite)
+      stress_rows(p);
+    p.run(false, gemm_backend::automatic, model);
+    const auto cpu = p.result(false);
+    run_gpu_with(p, gemm_backend::simt, model);
+    outputs += p.a.rows * p.b.rows;
+    RC_ASSERT(same_bytes(cpu, p.result(true),
+                         "model kernel, k=" + std::to_string(model.block) +
+                             " f=" + std::to_string(model.fraction_bits) +
+                             " bits=" + std::to_string(model.register_bits) + " promote=" +
+                             std::to_string(model.promote_every) + " on " + p.describe()));
+  }));
+  std::printf("[model kernel vs twin] %lld outputs compared\n", static_cast<long long>(outputs));
+}
+
 // Scales of normal magnitudes (2^-20 to 2^20 with random significands, sometimes 1 or -1):
 // subnormal and overflowing scales are outside what this comparison covers.
 void normal_scales(operand& o) {
