@@ -54,6 +54,10 @@ run memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
 export RC_PARAMS="max_success=4"
 run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
   $bin/lowbit_gpu_tests --gtest_filter=gpu_vs_cpu.quantize_every_grouping:gpu_vs_cpu.mx_quantize_and_dequantize
+# simt's model kernel stages K through shared memory in every stage of its loop.
+export RC_PARAMS="max_success=2"
+run racecheck_model 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  $bin/lowbit_gpu_tests --gtest_filter=gpu_gemm.simt_model_kernel_equals_the_twin
 unset RC_PARAMS
 # Where the time goes in the kernels that must reach memory bandwidth (one benchmark per ncu run;
 # --launch-skip 1 skips the first launch: the benchmark's warm-up for quantize_gpu.cpp's rows,
@@ -70,7 +74,7 @@ done
 # The results, last: benchmark rows (name, time per call, counters: GB/s; of_copy = fraction of
 # the copy bandwidth of the same run; items_per_second for the quantile row), PyTorch rows, steps.
 echo "== lowbit_bench_gpu"
-grep -E "^(copy|cast|quant|decode|dequant|blockwise|sram)" "$out/bench.log" |
+grep -E "^(copy|cast|quant|decode|dequant|blockwise|sram|gemm)" "$out/bench.log" |
   awk '{n = $1; sub(/\/min_time:.*/, "", n); printf "%-46s %9s %s", n, $2, $3
         for (i = 7; i <= NF; i++) if ($i !~ /^bytes_per_second=/) printf " %s", $i
         print ""}'
