@@ -2,8 +2,12 @@
 // fp8 and 16-bit operands the float32 sum acc = acc + a*b over k = 0, 1, ..., K-1 in order (the
 // simt kernel's order), or the products in that order through the caller's accumulation model
 // (emu/accumulate.hpp), then gemm_finish; with block scales, the same per K block and the
-// blocked rule's float32 sum of the scaled block terms (gemm.hpp). Threads split the rows of the
-// output; each output's arithmetic is the same whatever the split.
+// blocked rule's float32 sum of the scaled block terms (gemm.hpp). The register-aligned block
+// models over fp8 operands run in the float32 form that simt's model kernel runs
+// (gemm_internal.hpp, gemm_model_*), outputs whose operands hold NaN or Inf through
+// emu::accumulator. Threads split the rows of the output; each output's arithmetic is the same
+// whatever the split.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -105,6 +109,134 @@ void float_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1, ValueB 
   }
 }
 
+// x rounded to an integer (|x| < 2^22): toward zero, or to nearest even (the sum and difference
+// with 1.5 2^23 round in float32's default mode, nearest even, at the units place).
+template <bool Nearest> inline float to_integer(float x) {
+  if constexpr (Nearest) {
+    const float r = x + 0x1.8p23f;
+    return r - 0x1.8p23f;
+  } else {
+    return static_cast<float>(static_cast<std::int32_t>(x));
+  }
+}
+
+// One block's sum, k in [s, e), with the register: in units of its grid 2^q, each term a b 2^-q
+// (exact: a power of two times an exact product) rounded to an integer, and the register's; the
+// units' sum is exact in float32 (below 2^24 in all), so four partial sums change nothing but the
+// speed. top: the block's largest key product (nonzero).
+template <bool Nearest>
+float block_sum(const gemm_model_args& ma, float top, float part, const float* av,
+                const std::uint8_t* b, const std::array<float, 256>& tb, std::int64_t s,
+                std::int64_t e) {
+  // 2^q and 2^-q from M's bits (2^(q + 23)); both normal float32 values here.
+  const std::uint32_t grid_bits = gemm_model_big(top, ma) - (23u << 23);
+  const float unit = emu::detail::bit_cast<float>(grid_bits);
+  const float inv = emu::detail::bit_cast<float>((254u << 23) - grid_bits);
+  float sum[4] = {to_integer<Nearest>(part * inv), 0.0f, 0.0f, 0.0f};
+  std::int64_t k = s;
+  for (; k + 4 <= e; k += 4)
+    for (int j = 0; j < 4; ++j) {
+      const float p = av[k + j] * tb[b[k + j]];
+      sum[j] = sum[j] + to_integer<Nearest>(p * inv);
+    }
+  for (; k < e; ++k) {
+    const float p = av[k] * tb[b[k]];
+    sum[0] = sum[0] + to_integer<Nearest>(p * inv);
+  }
+  return ((sum[0] + sum[1]) + (sum[2] + sum[3])) * unit;
+}
+
+// The float32 form of a register-aligned block model (gemm_model_takes): the model's finish()
+// over the products of k in [k0, k1), A's values and keys in av/ak, B's codes through its value
+// and key tables; per block, the largest key product (four partial maxima), then block_sum.
+template <bool Nearest>
+float model_sum(const gemm_model_args& ma, const float* av, const float* ak, const std::uint8_t* b,
+                const std::array<float, 256>& tb, const std::array<float, 256>& kb, std::int64_t k0,
+                std::int64_t k1) {
+  const auto bits = [](float x) { return emu::detail::bit_cast<std::uint32_t>(x); };
+  const auto as_float = [](std::uint32_t u) { return emu::detail::bit_cast<float>(u); };
+  float part = 0.0f, acc = 0.0f;
+  int since = 0;
+  for (std::int64_t s = k0; s < k1; s += ma.block) {
+    const std::int64_t e = s + ma.block < k1 ? s + ma.block : k1;
+    float mx[4] = {as_float(bits(part) & 0x7F800000u), 0.0f, 0.0f, 0.0f};
+    std::int64_t k = s;
+    for (; k + 4 <= e; k += 4)
+      for (int j = 0; j < 4; ++j) {
+        const float key = ak[k + j] * kb[b[k + j]];
+        mx[j] = key > mx[j] ? key : mx[j];
+      }
+    for (; k < e; ++k) {
+      const float key = ak[k] * kb[b[k]];
+      mx[0] = key > mx[0] ? key : mx[0];
+    }
+    const float top = std::max(std::max(mx[0], mx[1]), std::max(mx[2], mx[3]));
+    if (top != 0.0f) // else no product and a zero register: the register stays 0
+      part = gemm_model_register(block_sum<Nearest>(ma, top, part, av, b, tb, s, e), ma);
+    if (ma.promote_every > 0 && ++since == ma.promote_every) {
+      acc = acc + part;
+      part = 0.0f;
+      since = 0;
+    }
+  }
+  if (ma.promote_every > 0)
+    return since > 0 ? acc + part : acc;
+  return part;
+}
+
+// Whether row r (of `rows` rows of K codes, stride `stride`) holds a NaN or Inf code.
+std::vector<char> special_rows(const std::uint8_t* codes, std::int64_t rows, std::int64_t stride,
+                               std::int64_t k, const std::array<float, 256>& key) {
+  std::vector<char> out(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < k && out[static_cast<std::size_t>(r)] == 0; ++c)
+      out[static_cast<std::size_t>(r)] = key[codes[r * stride + c]] < 0.0f ? 1 : 0;
+  return out;
+}
+
+// The register-aligned block models over fp8 operands: the float32 form where neither operand's
+// row holds NaN or Inf (b_special), emu::accumulator's sum where one does.
+void model_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1,
+                const std::vector<char>& b_special) {
+  const gemm_model_args ma = gemm_model_args_of(p.accumulation);
+  const emu::product_exponent rule = p.accumulation.exponent;
+  const std::array<float, 256> ta = table_of(p.a.elem), tb = table_of(p.b.elem);
+  std::array<float, 256> ka{}, kb{};
+  for (int c = 0; c < 256; ++c) {
+    ka[c] = gemm_model_key(ta[c], gemm_min_exponent(p.a.elem), rule);
+    kb[c] = gemm_model_key(tb[c], gemm_min_exponent(p.b.elem), rule);
+  }
+  const auto* a = static_cast<const std::uint8_t*>(p.a.codes);
+  const auto* b = static_cast<const std::uint8_t*>(p.b.codes);
+  std::vector<float> av(static_cast<std::size_t>(p.k)), ak(av.size());
+  for (std::int64_t m = m0; m < m1; ++m) {
+    const std::uint8_t* ar = a + m * p.a.row_stride;
+    bool a_special = false;
+    for (std::int64_t k = 0; k < p.k; ++k) {
+      av[static_cast<std::size_t>(k)] = ta[ar[k]];
+      ak[static_cast<std::size_t>(k)] = ka[ar[k]];
+      a_special |= ka[ar[k]] < 0.0f;
+    }
+    for (std::int64_t n = 0; n < p.n; ++n) {
+      const std::uint8_t* br = b + n * p.b.row_stride;
+      const auto block = [&](std::int64_t k0, std::int64_t k1) {
+        if (a_special || b_special[static_cast<std::size_t>(n)] != 0) {
+          emu::accumulator acc = gemm_accumulator(p);
+          for (std::int64_t k = k0; k < k1; ++k)
+            acc.add(av[static_cast<std::size_t>(k)], tb[br[k]]);
+          return acc.finish();
+        }
+        return ma.nearest_terms ? model_sum<true>(ma, av.data(), ak.data(), br, tb, kb, k0, k1)
+                                : model_sum<false>(ma, av.data(), ak.data(), br, tb, kb, k0, k1);
+      };
+      if (p.kblock > 0)
+        finish_blocked(p, m, n, block);
+      else
+        gemm_finish(p, m, n, block(0, p.k));
+    }
+  }
+}
+
 void rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
   if (p.k == 0) {
     for (std::int64_t m = m0; m < m1; ++m)
@@ -127,6 +259,19 @@ void rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1) {
 void scaled_matmul(const gemm_problem& p, const exec& ex) {
   if (p.m == 0 || p.n == 0)
     return;
+  if (gemm_model_takes(p)) {
+    std::array<float, 256> kb{};
+    const std::array<float, 256> tb = table_of(p.b.elem);
+    for (int c = 0; c < 256; ++c)
+      kb[c] = gemm_model_key(tb[c], gemm_min_exponent(p.b.elem), p.accumulation.exponent);
+    const std::vector<char> b_special =
+        special_rows(static_cast<const std::uint8_t*>(p.b.codes), p.n, p.b.row_stride, p.k, kb);
+    const std::int64_t grain = p.n * p.k >= (1 << 16) ? 1 : (1 << 16) / (p.n * p.k);
+    parallel_for(
+        p.m, ex.threads,
+        [&](std::int64_t m0, std::int64_t m1) { model_rows(p, m0, m1, b_special); }, grain);
+    return;
+  }
   // Rows per thread: about 2^16 multiply-adds of work at least.
   const std::int64_t per_row = p.n * (p.k > 0 ? p.k : 1);
   const std::int64_t grain = per_row >= (1 << 16) ? 1 : (1 << 16) / per_row;

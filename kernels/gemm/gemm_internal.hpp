@@ -227,6 +227,95 @@ inline std::size_t gemm_elem_size(gemm_elem e) {
   return gemm_is_16bit(e) ? 2 : 1;
 }
 
+// ---- the float32 form of the register-aligned block models over fp8 operands -----------------
+//
+// simt's model kernel (gemm_model.cu) and the CPU twin compute the register-aligned
+// block_fixed_point models over fp8 x fp8 operands in float32 with these functions, instead of
+// emu::accumulator's doubles (the bits are the same; docs/techniques/fp8-training.md, "The model
+// in float32"). Per block of k products: e_max from the largest key product (gemm_model_key) and
+// the register's power of two; each term a b rounded to the grid 2^q, q = e_max - f (the kernel by
+// a fused multiply-add with M = 2^(q + 23), gemm_model_big; the twin by scaling with 2^-q); the
+// terms' float32 sum, exact (they are multiples of 2^q below 2^(q + 24) in all); the register
+// that sum rounded by gemm_model_register.
+
+// The model's parameters as the two loops read them.
+struct gemm_model_args {
+  int block = 1;          // k, a divisor of 32
+  int fraction_bits = 0;  // f
+  int promote_every = 0;  // N
+  int register_shift = 0; // 24 - register_bits: the float32 bits the register drops
+  bool register_nearest = false;
+  bool nearest_terms = false;
+  std::uint32_t m_offset = 0; // (23 - f) << 23: from 2^e_max's float32 bits to M's
+};
+
+// Where the float32 form applies: fp8 x fp8, a register-aligned block model whose k divides 32
+// and whose terms and register sum below 2^(q + 24) ((k + 1) 2^(f + 2) <= 2^24), block scales'
+// K block a multiple of k, K > 0.
+inline bool gemm_model_takes(const gemm_problem& p) {
+  const emu::accumulation& m = p.accumulation;
+  if (m.kind != emu::accumulation_kind::block_fixed_point || !m.align_with_register ||
+      !emu::is_valid(m))
+    return false;
+  if (!(p.a.elem == gemm_elem::e4m3 || p.a.elem == gemm_elem::e5m2) ||
+      !(p.b.elem == gemm_elem::e4m3 || p.b.elem == gemm_elem::e5m2) || p.k == 0)
+    return false;
+  if (32 % m.block != 0 || (std::int64_t{m.block} + 1) << (m.fraction_bits + 2) > (1 << 24))
+    return false;
+  return p.kblock == 0 || p.kblock % m.block == 0;
+}
+
+inline gemm_model_args gemm_model_args_of(const emu::accumulation& m) {
+  gemm_model_args a;
+  a.block = m.block;
+  a.fraction_bits = m.fraction_bits;
+  a.promote_every = m.promote_every;
+  a.register_shift = 24 - m.register_bits;
+  a.register_nearest = m.reg == emu::register_rounding::nearest_even;
+  a.nearest_terms = m.terms == emu::term_rounding::nearest_even;
+  a.m_offset = static_cast<std::uint32_t>(23 - m.fraction_bits) << 23;
+  return a;
+}
+
+// An operand value's key: the largest product of two keys (the register's power of two among
+// them) has e_max as its exponent. 2^e(v) by the exponent rule (the exponent field's, a
+// subnormal at the format's minimum emin, for of_operand_fields), |v| for of_product; 0 for 0;
+// -1 for NaN and Inf, which the float32 form does not sum.
+LOWBIT_HD inline float gemm_model_key(float v, int emin, emu::product_exponent rule) {
+  if (v == 0.0f)
+    return 0.0f;
+  if (!(v - v == 0.0f))
+    return -1.0f;
+  if (rule == emu::product_exponent::of_product)
+    return v < 0.0f ? -v : v;
+  int e = static_cast<int>((emu::detail::bit_cast<std::uint32_t>(v) >> 23) & 0xFFu) - 127;
+  if (rule == emu::product_exponent::of_operand_fields && e < emin)
+    e = emin; // fp8 values are normal float32 values: the field is the exponent
+  return emu::detail::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+// The float32 bits of M's magnitude, from the block's largest key product (or the register's
+// power of two): 2^(e_max - f + 23).
+LOWBIT_HD inline std::uint32_t gemm_model_big(float max_key, const gemm_model_args& a) {
+  return (emu::detail::bit_cast<std::uint32_t>(max_key) & 0x7F800000u) + a.m_offset;
+}
+
+// The block's sum (a float32 multiple of 2^q, or 0) written into the register of 24 - shift
+// significant bits: its low bits cleared (toward zero) or rounded to nearest even.
+LOWBIT_HD inline float gemm_model_register(float v, const gemm_model_args& a) {
+  if (a.register_shift == 0)
+    return v;
+  std::uint32_t u = emu::detail::bit_cast<std::uint32_t>(v);
+  const std::uint32_t drop = (1u << a.register_shift) - 1u;
+  if (a.register_nearest) {
+    // The kept significand's last bit: a stored bit, or the implicit leading 1 of a 1-bit
+    // register (v normal).
+    const std::uint32_t odd = a.register_shift == 23 ? 1u : (u >> a.register_shift) & 1u;
+    u += (drop >> 1) + odd;
+  }
+  return emu::detail::bit_cast<float>(u & ~drop);
+}
+
 namespace cpu {
 // acc: exact int32 for int8; float32 for the others, summed over k = 0, 1, ..., K-1 in order
 // (acc = acc + a*b, each product exact in float32 for fp8 and each step rounded: the simt order),
@@ -240,13 +329,11 @@ int compute_capability();
 
 void simt_matmul(const gemm_problem& p, const exec& ex);
 
-// simt's fast kernel for block-fixed-point models over fp8 operands (gemm_model.cu): the general
-// kernel's bits, computed in float32 on tiles of model_tile_m x model_tile_n outputs.
-// model_kernel_takes says where it applies (fp8 x fp8, align_with_register, k dividing 32,
-// (k + 1) 2^(f + 2) <= 2^24, block scales' K a multiple of k). model_matmul writes every tile
-// except those whose operands hold NaN or Inf: it marks those in redo[1 + tile] (row-major over its
-// tiles) and sets redo[0], all of redo zero on entry; simt_matmul then runs the general kernel over
-// them.
+// simt's model kernel (gemm_model.cu), where model_kernel_takes (gemm_model_takes and a grid
+// of at most 2^31 - 1 tiles): every tile of
+// model_tile_m x model_tile_n outputs except those whose operands hold NaN or Inf, which it marks
+// in redo[1 + tile] (row-major over its tiles), setting redo[0]; redo is zero on entry. simt_matmul
+// then runs the general kernel over the marked tiles.
 inline constexpr std::int64_t model_tile_m = 128, model_tile_n = 64;
 bool model_kernel_takes(const gemm_problem& p);
 void model_matmul(const gemm_problem& p, std::uint8_t* redo, const exec& ex);

@@ -1,24 +1,16 @@
-// simt's fast kernel for the block-fixed-point accumulation models over fp8 operands (the Hopper
-// model among them): the bits of emu::accumulator, which simt's general kernel runs one product
-// at a time through doubles, computed with a handful of float32 instructions per product.
+// simt's model kernel: the register-aligned block_fixed_point accumulation models over fp8
+// operands (the Hopper presets among them) in float32, with the functions of gemm_internal.hpp
+// that the CPU twin runs too, instead of emu::accumulator's doubles one product at a time (simt's
+// general kernel). Why the float32 arithmetic gives the model's bits: gemm_internal.hpp and
+// docs/techniques/fp8-training.md, "The model in float32".
 //
-// Why the float32 arithmetic is exact (docs/techniques/fp8-training.md, "The model on the GPU"):
-// a block's grid is 2^q with q = e_max - f. Every product of two fp8 values is exact in float32
-// and |p| < 2^(e_max + 2), so with M = 2^(q + 23) carrying the product's sign, the fused
-// fma(a, b, M) lands in [2^(q + 23), 2^(q + 24)), where float32's spacing is 2^q: its one rounding
-// (toward zero, or to nearest even) is the model's rounding of the term to the grid, and
-// fma(a, b, M) - M is that term, exactly. The terms and the aligned register are integers times
-// 2^q below (k + 1) 2^(f + 2) 2^q <= 2^(q + 24) in magnitude, so their float32 sum is exact in
-// any order.
-// The block's largest exponent e_max comes from the largest of the register's 2^e(register) and
-// the products' 2^e(a) 2^e(b) (e: the exponent rule's, subnormal operands at their format's
-// minimum exponent for product_exponent::of_operand_fields), or |a b| for of_product.
-//
-// The kernel takes a 128 x 64 tile of out per block of 256 threads, 8 x 4 outputs per thread,
-// and stages 32 values of K at a time through shared memory (the codes' values and powers of
-// two, from 256-entry tables). A stage whose codes include NaN or Inf marks its tile for simt's
-// general kernel, which the caller runs after this one over the marked tiles alone: NaN and Inf
-// operands are summed beside the blocks (emu::accumulator), a path too rare to specialise.
+// A block of 256 threads takes a 128 x 64 tile of out, 8 x 4 outputs per thread, and stages 32
+// values of K at a time through shared memory (the codes' values and keys, from 256-entry
+// tables), the next stage's codes loaded while the current one computes. Per block of k
+// products: pass 1, the largest key product; pass 2, the terms, one fused multiply-add each. A
+// stage whose codes include NaN or Inf marks its tile for simt's general kernel, which the caller
+// runs after this one over the marked tiles alone: NaN and Inf products are summed beside the
+// blocks (emu::accumulator), a path too rare to specialise.
 #include <cstdint>
 
 #include "../common/cuda.hpp"
@@ -35,21 +27,14 @@ static_assert(bm == 16 * tm && bn == 16 * tn && bm * bk == threads * 16 && bn * 
 constexpr std::uint32_t sign_bit = 0x80000000u, exponent_bits = 0x7F800000u;
 
 struct smem_layout {
-  float av[bk][bm], ap[bk][bm]; // A's values and powers of two, k-major
-  float bv[bk][bn], bp[bk][bn];
-  float a_value[256], a_pow2[256], b_value[256], b_pow2[256]; // code -> value, power of two
+  float av[bk][bm], akey[bk][bm]; // A's values and keys (gemm_model_key), k-major
+  float bv[bk][bn], bkey[bk][bn];
+  float a_value[256], a_key[256], b_value[256], b_key[256]; // code -> value, key
 };
 
-// The model's parameters as the kernel reads them.
-struct model_args {
-  int block;          // k, a divisor of bk
-  int fraction_bits;  // f
-  int promote_every;  // N (the kernel's Promote says whether N > 0)
-  int register_shift; // 24 - register_bits: float32 bits the register drops
-  bool register_nearest;
-  std::uint32_t m_offset; // (23 - f) << 23: from 2^e_max's bits to M's
-  bool a_wide, b_wide;    // A's rows read 16 codes, B's 8, in one load (aligned rows)
-  bool by_product;        // product_exponent::of_product: e_max from the products' magnitudes
+// Where A's rows are read 16 codes and B's 8 at a time (aligned rows).
+struct load_widths {
+  bool a_wide, b_wide;
 };
 
 __device__ inline float as_float(std::uint32_t u) {
@@ -71,28 +56,12 @@ __device__ inline std::uint32_t xor3(std::uint32_t x, std::uint32_t y, std::uint
 #endif
 }
 
-// The power of two that places an operand value by the model's exponent rule (0 for 0, -1 for
-// NaN and Inf, which the staging reports).
-__device__ float pow2_of(float v, int emin, bool fields) {
-  if (v == 0.0f)
-    return 0.0f;
-  if (!(v - v == 0.0f))
-    return -1.0f;
-  int e = static_cast<int>((bits_of(v) >> 23) & 0xFFu) - 127; // fp8 values are normal floats
-  if (fields && e < emin)
-    e = emin;
-  return as_float(static_cast<std::uint32_t>(e + 127) << 23);
-}
-
-// The register rounded to register_bits significant bits (v is 0 or a normal float32).
-__device__ inline float to_register(float v, const model_args& a) {
-  if (a.register_shift == 0)
-    return v;
-  std::uint32_t u = bits_of(v);
-  const std::uint32_t drop = (1u << a.register_shift) - 1u;
-  if (a.register_nearest)
-    u += (drop >> 1) + ((u >> a.register_shift) & 1u);
-  return as_float(u & ~drop);
+// a * b rounded to its block's grid 2^q (toward zero, or to nearest even), ms = M = 2^(q + 23)
+// with the sign of a * b: fma(a, b, M) lies in [|M|, 2|M|), where float32's spacing is 2^q
+// (|a b| < 2^(e_max + 2) <= 2^(q + 23)), so the fused multiply-add's one rounding is the term's,
+// and fma(a, b, M) - M is the term, exactly.
+template <bool Nearest> __device__ inline float grid_term(float a, float b, float ms) {
+  return (Nearest ? __fmaf_rn(a, b, ms) : __fmaf_rz(a, b, ms)) - ms;
 }
 
 // Stage loading: A's 128 rows x 32 codes (16 per thread), B's 64 x 32 (8 per thread), zeros
@@ -136,26 +105,26 @@ __device__ inline bool store_codes(const codes<N>& r, float (*val)[Rows], float 
 
 template <bool Promote, bool Blocked, bool NearestTerms>
 __global__ void __launch_bounds__(threads, 1)
-    model_kernel(const gemm_problem p, const model_args ma, std::int64_t tiles_n,
-                 std::uint8_t* __restrict__ redo) {
+    model_kernel(const gemm_problem p, const gemm_model_args ma, const load_widths lw,
+                 std::int64_t tiles_n, std::uint8_t* __restrict__ redo) {
   extern __shared__ float4 smem_raw[];
   smem_layout& sm = *reinterpret_cast<smem_layout*>(smem_raw);
   const int t = static_cast<int>(threadIdx.x);
   {
     const auto code = static_cast<std::uint8_t>(t);
-    const bool fields = p.accumulation.exponent == emu::product_exponent::of_operand_fields;
+    const emu::product_exponent rule = p.accumulation.exponent;
     const float va = gemm_value(p.a.elem, &code, 0), vb = gemm_value(p.b.elem, &code, 0);
     sm.a_value[t] = va;
     sm.b_value[t] = vb;
-    sm.a_pow2[t] = pow2_of(va, gemm_min_exponent(p.a.elem), fields);
-    sm.b_pow2[t] = pow2_of(vb, gemm_min_exponent(p.b.elem), fields);
+    sm.a_key[t] = gemm_model_key(va, gemm_min_exponent(p.a.elem), rule);
+    sm.b_key[t] = gemm_model_key(vb, gemm_min_exponent(p.b.elem), rule);
   }
   const std::int64_t m0 = (static_cast<std::int64_t>(blockIdx.x) / tiles_n) * bm;
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) % tiles_n) * bn;
   const int tx = t % 16, ty = t / 16;
   const auto* a_codes = static_cast<const std::uint8_t*>(p.a.codes);
   const auto* b_codes = static_cast<const std::uint8_t*>(p.b.codes);
-  const bool a_wide = ma.a_wide, b_wide = ma.b_wide;
+  const bool a_wide = lw.a_wide, b_wide = lw.b_wide;
   const int a_row = t / 2, a_k = (t % 2) * 16, b_row = t / 4, b_k = (t % 4) * 8;
 
   float part[tm][tn], acc[tm][tn], total[tm][tn];
@@ -198,8 +167,8 @@ __global__ void __launch_bounds__(threads, 1)
   __syncthreads(); // the tables
   bool special_tile = false;
   for (std::int64_t k0 = 0; k0 < p.k; k0 += bk) {
-    bool special = store_codes(ra, sm.av, sm.ap, sm.a_value, sm.a_pow2, a_row, a_k);
-    special |= store_codes(rb, sm.bv, sm.bp, sm.b_value, sm.b_pow2, b_row, b_k);
+    bool special = store_codes(ra, sm.av, sm.akey, sm.a_value, sm.a_key, a_row, a_k);
+    special |= store_codes(rb, sm.bv, sm.bkey, sm.b_value, sm.b_key, b_row, b_k);
     if (__syncthreads_or(special)) {
       special_tile = true;
       break;
@@ -209,20 +178,17 @@ __global__ void __launch_bounds__(threads, 1)
       load_codes(rb, b_codes, p.n, p.b.row_stride, n0 + b_row, p.k, k0 + bk + b_k, b_wide);
     }
     for (int s = 0; s < bk && k0 + s < p.k; s += ma.block) {
-      // Pass 1: the block's largest power of two, the register's among them.
+      // Pass 1: the block's largest key product, the register's power of two among them.
       float mx[tm][tn];
 #pragma unroll
       for (int i = 0; i < tm; ++i)
 #pragma unroll
         for (int j = 0; j < tn; ++j)
           mx[i][j] = as_float(bits_of(part[i][j]) & exponent_bits);
-      // of_product: floor(log2 |p|) of the largest |p| is the largest floor(log2 |p|).
-      const float(*pw_a)[bm] = ma.by_product ? sm.av : sm.ap;
-      const float(*pw_b)[bn] = ma.by_product ? sm.bv : sm.bp;
       for (int k = s; k < s + ma.block; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(&pw_a[k][ty * tm]);
-        const float4 a1 = *reinterpret_cast<const float4*>(&pw_a[k][ty * tm + 4]);
-        const float4 b0 = *reinterpret_cast<const float4*>(&pw_b[k][tx * tn]);
+        const float4 a0 = *reinterpret_cast<const float4*>(&sm.akey[k][ty * tm]);
+        const float4 a1 = *reinterpret_cast<const float4*>(&sm.akey[k][ty * tm + 4]);
+        const float4 b0 = *reinterpret_cast<const float4*>(&sm.bkey[k][tx * tn]);
         const float pa[tm] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
         const float pb[tn] = {b0.x, b0.y, b0.z, b0.w};
 #pragma unroll
@@ -238,11 +204,9 @@ __global__ void __launch_bounds__(threads, 1)
       for (int i = 0; i < tm; ++i)
 #pragma unroll
         for (int j = 0; j < tn; ++j) {
-          big[i][j] = (bits_of(mx[i][j]) & exponent_bits) + ma.m_offset;
+          big[i][j] = gemm_model_big(mx[i][j], ma);
           const float ms = as_float(big[i][j] | (bits_of(part[i][j]) & sign_bit));
-          const float term =
-              NearestTerms ? __fmaf_rn(part[i][j], 1.0f, ms) : __fmaf_rz(part[i][j], 1.0f, ms);
-          sum[i][j] = term - ms;
+          sum[i][j] = grid_term<NearestTerms>(part[i][j], 1.0f, ms);
         }
       // Pass 2: the products' terms, each rounded to the grid by one fused multiply-add.
       for (int k = s; k < s + ma.block; ++k) {
@@ -263,9 +227,7 @@ __global__ void __launch_bounds__(threads, 1)
 #pragma unroll
           for (int j = 0; j < tn; ++j) {
             const float ms = as_float(xor3(sa[i], sb[j], big[i][j]));
-            const float term =
-                NearestTerms ? __fmaf_rn(va[i], vb[j], ms) : __fmaf_rz(va[i], vb[j], ms);
-            sum[i][j] = sum[i][j] + (term - ms);
+            sum[i][j] = sum[i][j] + grid_term<NearestTerms>(va[i], vb[j], ms);
           }
       }
       // The block's sum (a multiple of 2^q) into the register: 0 where the block had no
@@ -274,7 +236,7 @@ __global__ void __launch_bounds__(threads, 1)
       for (int i = 0; i < tm; ++i)
 #pragma unroll
         for (int j = 0; j < tn; ++j)
-          part[i][j] = to_register(sum[i][j], ma);
+          part[i][j] = gemm_model_register(sum[i][j], ma);
       if constexpr (Promote) {
         if (++since == ma.promote_every) {
 #pragma unroll
@@ -324,66 +286,48 @@ __global__ void __launch_bounds__(threads, 1)
 }
 
 template <bool Promote, bool Blocked, bool NearestTerms>
-void launch(const gemm_problem& p, const model_args& ma, std::uint8_t* redo, cudaStream_t s) {
+void launch(const gemm_problem& p, const gemm_model_args& ma, const load_widths& lw,
+            std::uint8_t* redo, cudaStream_t s) {
   constexpr auto kernel = model_kernel<Promote, Blocked, NearestTerms>;
   constexpr int smem = static_cast<int>(sizeof(smem_layout));
   resident_blocks<kernel>(threads, smem); // opts in to smem bytes of shared memory
   const std::int64_t tiles_n = (p.n + bn - 1) / bn;
   const std::int64_t tiles = ((p.m + bm - 1) / bm) * tiles_n;
-  kernel<<<static_cast<unsigned>(tiles), threads, smem, s>>>(p, ma, tiles_n, redo);
+  kernel<<<static_cast<unsigned>(tiles), threads, smem, s>>>(p, ma, lw, tiles_n, redo);
   check_launch("model_kernel");
 }
 
 template <bool Promote, bool Blocked>
-void launch_terms(const gemm_problem& p, const model_args& ma, std::uint8_t* redo, cudaStream_t s) {
-  if (p.accumulation.terms == emu::term_rounding::nearest_even)
-    launch<Promote, Blocked, true>(p, ma, redo, s);
+void launch_terms(const gemm_problem& p, const gemm_model_args& ma, const load_widths& lw,
+                  std::uint8_t* redo, cudaStream_t s) {
+  if (ma.nearest_terms)
+    launch<Promote, Blocked, true>(p, ma, lw, redo, s);
   else
-    launch<Promote, Blocked, false>(p, ma, redo, s);
+    launch<Promote, Blocked, false>(p, ma, lw, redo, s);
 }
 
 } // namespace
 
 bool model_kernel_takes(const gemm_problem& p) {
-  const emu::accumulation& m = p.accumulation;
-  if (m.kind != emu::accumulation_kind::block_fixed_point || !m.align_with_register)
-    return false;
-  if (!gemm_is_fp8(p.a.elem) || !gemm_is_fp8(p.b.elem) || p.k == 0)
-    return false;
-  if (m.block < 1 || bk % m.block != 0 || m.register_bits < 1 || m.register_bits > 24)
-    return false;
-  // Exactness (the file's header): the terms and the register below (k + 1) 2^(f + 2) <= 2^24.
-  if (m.fraction_bits < 0 || (std::int64_t{m.block} + 1) << (m.fraction_bits + 2) > (1 << 24))
-    return false;
-  // Blocks per grid: the grid holds at most 2^31 - 1 blocks.
+  // One block per tile: the grid holds at most 2^31 - 1 blocks.
   const std::int64_t tiles = ((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn);
-  if (tiles > 2147483647)
-    return false;
-  return p.kblock == 0 || p.kblock % m.block == 0;
+  return gemm_model_takes(p) && tiles <= 2147483647;
 }
 
 void model_matmul(const gemm_problem& p, std::uint8_t* redo, const exec& ex) {
-  const emu::accumulation& m = p.accumulation;
-  model_args ma{};
-  ma.block = m.block;
-  ma.fraction_bits = m.fraction_bits;
-  ma.promote_every = m.promote_every;
-  ma.register_shift = 24 - m.register_bits;
-  ma.register_nearest = m.reg == emu::register_rounding::nearest_even;
-  ma.m_offset = static_cast<std::uint32_t>(23 - m.fraction_bits) << 23;
-  ma.by_product = m.exponent == emu::product_exponent::of_product;
-  ma.a_wide = p.a.row_stride % 16 == 0 && aligned_to<std::uint8_t>(p.a.codes, 16);
-  ma.b_wide = p.b.row_stride % 8 == 0 && aligned_to<std::uint8_t>(p.b.codes, 8);
+  const gemm_model_args ma = gemm_model_args_of(p.accumulation);
+  const load_widths lw{p.a.row_stride % 16 == 0 && aligned_to<std::uint8_t>(p.a.codes, 16),
+                       p.b.row_stride % 8 == 0 && aligned_to<std::uint8_t>(p.b.codes, 8)};
   const cudaStream_t s = stream_of(ex);
-  const bool promote = m.promote_every > 0, blocked = p.kblock > 0;
+  const bool promote = ma.promote_every > 0, blocked = p.kblock > 0;
   if (promote && blocked)
-    launch_terms<true, true>(p, ma, redo, s);
+    launch_terms<true, true>(p, ma, lw, redo, s);
   else if (promote)
-    launch_terms<true, false>(p, ma, redo, s);
+    launch_terms<true, false>(p, ma, lw, redo, s);
   else if (blocked)
-    launch_terms<false, true>(p, ma, redo, s);
+    launch_terms<false, true>(p, ma, lw, redo, s);
   else
-    launch_terms<false, false>(p, ma, redo, s);
+    launch_terms<false, false>(p, ma, lw, redo, s);
 }
 
 } // namespace lowbit::kernels::cuda

@@ -328,6 +328,82 @@ TEST(accumulate, gemm_twin_sums_with_the_model) {
   });
 }
 
+// The twin's float32 form of the register-aligned block models over fp8 operands (k dividing 32,
+// (k + 1) 2^(f + 2) <= 2^24: the form simt's model kernel runs too) == the model's accumulate,
+// output by output: the Hopper presets and every rounding, register width, promotion and exponent
+// rule within the form, e4m3 and e5m2 codes drawn from every finite value, rows of mostly
+// subnormal codes, rows that cancel, and NaN or Inf codes (their outputs take the accumulator).
+TEST(accumulate, gemm_twin_float32_form_equals_the_model) {
+  check_property("accumulate.gemm_float32_form", 300, [] {
+    const int k = *rc::gen::element(1, 2, 4, 8, 16, 32);
+    int f_max = 0;
+    while ((std::int64_t{k} + 1) << (f_max + 3) <= (std::int64_t{1} << 24))
+      ++f_max;
+    const emu::accumulation m = *rc::gen::element(
+        emu::hopper_fp8_accumulation(false), emu::hopper_fp8_accumulation(true),
+        emu::block_fixed_point(
+            k, *rc::gen::inRange(0, f_max + 1), true,
+            *rc::gen::element(emu::term_rounding::toward_zero, emu::term_rounding::nearest_even),
+            *rc::gen::element(emu::register_rounding::nearest_even,
+                              emu::register_rounding::toward_zero),
+            *rc::gen::inRange(0, 9), *rc::gen::inRange(1, 25),
+            *rc::gen::element(emu::product_exponent::of_product, emu::product_exponent::of_operands,
+                              emu::product_exponent::of_operand_fields)));
+    const bool a_e4m3 = *rc::gen::arbitrary<bool>(), b_e4m3 = *rc::gen::arbitrary<bool>();
+    const emu::format fa = a_e4m3 ? emu::e4m3fn : emu::e5m2, fb = b_e4m3 ? emu::e4m3fn : emu::e5m2;
+    const std::int64_t M = *rc::gen::inRange(1, 5), N = *rc::gen::inRange(1, 5);
+    const std::int64_t K = *rc::gen::inRange(1, 300);
+    const int specials = *rc::gen::inRange(0, 4); // 0: a NaN or Inf code somewhere in B
+    const auto finite = [](emu::format f) {
+      return rc::gen::suchThat(rc::gen::arbitrary<std::uint8_t>(), [f](std::uint8_t c) {
+        return !emu::is_nan_code(f, c) && !emu::is_inf_code(f, c);
+      });
+    };
+    std::vector<std::uint8_t> a =
+        *rc::gen::container<std::vector<std::uint8_t>>(static_cast<std::size_t>(M * K), finite(fa));
+    std::vector<std::uint8_t> b =
+        *rc::gen::container<std::vector<std::uint8_t>>(static_cast<std::size_t>(N * K), finite(fb));
+    for (std::int64_t r = 0; r < M; ++r) {
+      const int form = *rc::gen::inRange(0, 3);
+      std::uint8_t* row = a.data() + r * K;
+      if (form == 1) // mostly subnormal: exponent field 0
+        for (std::int64_t c = 0; c < K; ++c)
+          if (*rc::gen::inRange(0, 4) != 0)
+            row[c] &= a_e4m3 ? 0x87 : 0x83;
+      if (form == 2) { // the second half cancels the first against one row of B
+        std::uint8_t* col = b.data() + *rc::gen::inRange<std::int64_t>(0, N) * K;
+        for (std::int64_t c = 0; c < K / 2; ++c) {
+          row[c + K / 2] = row[c] ^ 0x80;
+          col[c + K / 2] = col[c];
+        }
+      }
+    }
+    if (specials == 0)
+      b[static_cast<std::size_t>(*rc::gen::inRange<std::int64_t>(0, N * K))] =
+          b_e4m3 ? 0x7F : *rc::gen::element<std::uint8_t>(0x7C, 0xFC, 0x7E);
+    std::vector<float> out(static_cast<std::size_t>(M * N));
+    kn::gemm_operand oa{matrix(a.data(), kn::dtype::uint8, M, K), emu::target(fa), {}};
+    kn::gemm_operand ob{matrix(b.data(), kn::dtype::uint8, N, K), emu::target(fb), {}};
+    kn::gemm_options opt;
+    opt.accumulation = m;
+    kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) {
+        std::vector<float> x(static_cast<std::size_t>(K)), y(x.size());
+        for (std::int64_t q = 0; q < K; ++q) {
+          x[static_cast<std::size_t>(q)] =
+              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]);
+          y[static_cast<std::size_t>(q)] =
+              emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
+        }
+        float want = emu::accumulate(m, x.data(), y.data(), K, fa.emin(), fb.emin());
+        if (std::isnan(want))
+          want = float_of(0x7FC00000u);
+        RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));
+      }
+  });
+}
+
 TEST(accumulate, gemm_refuses_models_it_cannot_run) {
   std::vector<std::uint8_t> a(8, 0x38), b(8, 0x3C);
   std::vector<std::int8_t> ia(8, 1), ib(8, 1);
