@@ -279,6 +279,35 @@ kn::tensor_view matrix(void* data, kn::dtype t, std::int64_t rows, std::int64_t 
   return v;
 }
 
+// Runs the twin under model m on A (M x K codes of fa) and B (N x K codes of fb), stored as t,
+// and asserts that each output is the model's accumulate over its exact products in k order
+// (unit scales, no bias, float32 out: the sum itself; every NaN the positive quiet NaN).
+template <class Code>
+void assert_twin_sums_are_the_model(const emu::accumulation& m, emu::format fa, emu::format fb,
+                                    kn::dtype t, std::vector<Code> a, std::vector<Code> b,
+                                    std::int64_t M, std::int64_t N, std::int64_t K) {
+  std::vector<float> out(static_cast<std::size_t>(M * N));
+  kn::gemm_operand oa{matrix(a.data(), t, M, K), emu::target(fa), {}};
+  kn::gemm_operand ob{matrix(b.data(), t, N, K), emu::target(fb), {}};
+  kn::gemm_options opt;
+  opt.accumulation = m;
+  kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      std::vector<float> x(static_cast<std::size_t>(K)), y(x.size());
+      for (std::int64_t q = 0; q < K; ++q) {
+        x[static_cast<std::size_t>(q)] =
+            emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]);
+        y[static_cast<std::size_t>(q)] =
+            emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
+      }
+      float want = emu::accumulate(m, x.data(), y.data(), K, fa.emin(), fb.emin());
+      if (std::isnan(want))
+        want = float_of(0x7FC00000u); // the GEMM writes every NaN as the positive quiet NaN
+      RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));
+    }
+}
+
 // Each output of the twin is the model's accumulate over that output's exact products in k
 // order, then the epilogue (unit scales, no bias, float32 out: the sum itself).
 TEST(accumulate, gemm_twin_sums_with_the_model) {
@@ -301,30 +330,11 @@ TEST(accumulate, gemm_twin_sums_with_the_model) {
                     : rc::gen::arbitrary<std::uint16_t>());
     };
     const std::vector<std::uint16_t> a = codes(M), b = codes(N);
-    std::vector<std::uint8_t> a8(a.begin(), a.end()), b8(b.begin(), b.end());
-    std::vector<std::uint16_t> a16 = a, b16 = b;
-    void* da = kind == 0 ? static_cast<void*>(a8.data()) : a16.data();
-    void* db = kind == 0 ? static_cast<void*>(b8.data()) : b16.data();
-    std::vector<float> out(static_cast<std::size_t>(M * N));
-    kn::gemm_operand oa{matrix(da, t, M, K), emu::target(fa), {}};
-    kn::gemm_operand ob{matrix(db, t, N, K), emu::target(fb), {}};
-    kn::gemm_options opt;
-    opt.accumulation = m;
-    kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j) {
-        std::vector<float> x(static_cast<std::size_t>(K)), y(x.size());
-        for (std::int64_t q = 0; q < K; ++q) {
-          x[static_cast<std::size_t>(q)] =
-              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]);
-          y[static_cast<std::size_t>(q)] =
-              emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
-        }
-        float want = emu::accumulate(m, x.data(), y.data(), K, fa.emin(), fb.emin());
-        if (std::isnan(want))
-          want = float_of(0x7FC00000u); // the GEMM writes every NaN as the positive quiet NaN
-        RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));
-      }
+    if (kind == 0)
+      assert_twin_sums_are_the_model(m, fa, fb, t, std::vector<std::uint8_t>(a.begin(), a.end()),
+                                     std::vector<std::uint8_t>(b.begin(), b.end()), M, N, K);
+    else
+      assert_twin_sums_are_the_model(m, fa, fb, t, a, b, M, N, K);
   });
 }
 
@@ -381,26 +391,7 @@ TEST(accumulate, gemm_twin_float32_form_equals_the_model) {
     if (specials == 0)
       b[static_cast<std::size_t>(*rc::gen::inRange<std::int64_t>(0, N * K))] =
           b_e4m3 ? 0x7F : *rc::gen::element<std::uint8_t>(0x7C, 0xFC, 0x7E);
-    std::vector<float> out(static_cast<std::size_t>(M * N));
-    kn::gemm_operand oa{matrix(a.data(), kn::dtype::uint8, M, K), emu::target(fa), {}};
-    kn::gemm_operand ob{matrix(b.data(), kn::dtype::uint8, N, K), emu::target(fb), {}};
-    kn::gemm_options opt;
-    opt.accumulation = m;
-    kn::scaled_matmul(oa, ob, kn::tensor_view{}, matrix(out.data(), kn::dtype::float32, M, N), opt);
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j) {
-        std::vector<float> x(static_cast<std::size_t>(K)), y(x.size());
-        for (std::int64_t q = 0; q < K; ++q) {
-          x[static_cast<std::size_t>(q)] =
-              emu::decode<float>(fa, a[static_cast<std::size_t>(i * K + q)]);
-          y[static_cast<std::size_t>(q)] =
-              emu::decode<float>(fb, b[static_cast<std::size_t>(j * K + q)]);
-        }
-        float want = emu::accumulate(m, x.data(), y.data(), K, fa.emin(), fb.emin());
-        if (std::isnan(want))
-          want = float_of(0x7FC00000u);
-        RC_ASSERT(bits_of(out[static_cast<std::size_t>(i * N + j)]) == bits_of(want));
-      }
+    assert_twin_sums_are_the_model(m, fa, fb, kn::dtype::uint8, a, b, M, N, K);
   });
 }
 
