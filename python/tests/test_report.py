@@ -213,7 +213,9 @@ def run_workload(run, name):
 
 def test_plots_are_png_files(run):
     names = sorted(Path(p).name for p in run.doc["plots"])
-    assert names == ["error_vs_speed.png", "rounding_modes.png"]
+    # Both runs leave the training comparisons out, so no training plot; the fp8 section's
+    # accumulation plot needs numpy alone.
+    assert names == ["error_vs_speed.png", "fp8_accumulation.png", "rounding_modes.png"]
     for name in names:
         data = (run.out_dir / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE)
