@@ -8,6 +8,9 @@
 // order then halving strides), so the results equal the GPU's bit for bit.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "../common/cpu.hpp"
@@ -26,6 +29,27 @@ std::int64_t tensor_of(const optim_problem& p, std::int64_t wb) {
       std::upper_bound(p.items.begin(), p.items.end(), wb,
                        [](std::int64_t v, const optim_item& x) { return v < x.block0; });
   return static_cast<std::int64_t>(it - p.items.begin()) - 1;
+}
+
+// The bucket table of a codebook's tables (bops::bucket_entry of every bucket), built once per
+// codebook and kept for the process: the optimizers' two dynamic maps, a few hundred
+// microseconds each to build.
+const std::uint32_t* buckets_of(const bops::tables& tb) {
+  struct entry {
+    bops::tables tb;
+    std::unique_ptr<std::uint32_t[]> buckets;
+  };
+  static std::mutex mu;
+  static std::vector<entry> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  for (const entry& e : known)
+    if (std::memcmp(&e.tb, &tb, sizeof(tb)) == 0)
+      return e.buckets.get();
+  auto b = std::make_unique<std::uint32_t[]>(bops::bucket_count);
+  for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
+    b[u] = bops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
+  known.push_back({tb, std::move(b)});
+  return known.back().buckets.get();
 }
 
 // The kernel's sum of one float per lane of a work block (lanes: a multiple of 32, at most
@@ -106,7 +130,7 @@ void tensor_eta(const optim_problem& p, const optim_item& it, const float* parti
 }
 
 void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float eta, float decay,
-                const float* partial) {
+                const float* partial, const std::uint32_t* const* buckets) {
   const optim_item& it = p.items[static_cast<std::size_t>(j)];
   const std::int64_t block = p.sh.block, b = wb - it.block0, i0 = b * block;
   const std::int64_t m = std::min(block, it.n - i0);
@@ -163,7 +187,7 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     auto* codes = static_cast<std::uint8_t*>(dst[k]);
     for (std::int64_t e = 0; e < m; ++e) {
       const std::uint32_t rb = p.sh.stochastic ? d::random_bits(p.sh, streams, j, k, i0 + e) : 0u;
-      codes[i0 + e] = d::encode_state(*tb[k], sv[k][e], amax, p.sh.stochastic, rb);
+      codes[i0 + e] = d::encode_state(*tb[k], buckets[k], sv[k][e], amax, p.sh.stochastic, rb);
     }
   }
 }
@@ -189,13 +213,16 @@ void optimizer_step(const optim_problem& p, const exec& ex) {
       tensor_eta(p, p.items[static_cast<std::size_t>(j)], partial.data(),
                  eta[static_cast<std::size_t>(j)], decay[static_cast<std::size_t>(j)]);
   }
+  const std::uint32_t* buckets[3];
+  for (int k = 0; k < 3; ++k)
+    buckets[k] = buckets_of(d::state_signed(p.sh.kind, k) ? p.tb_signed : p.tb_unsigned);
   parallel_for(
       p.total_blocks, ex.threads,
       [&](std::int64_t b0, std::int64_t b1) {
         for (std::int64_t wb = b0; wb < b1; ++wb) {
           const std::int64_t j = tensor_of(p, wb);
           step_block(p, j, wb, eta[static_cast<std::size_t>(j)], decay[static_cast<std::size_t>(j)],
-                     partial.empty() ? nullptr : partial.data());
+                     partial.empty() ? nullptr : partial.data(), buckets);
         }
       },
       grain);
