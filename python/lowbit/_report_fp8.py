@@ -9,14 +9,13 @@ note, without it.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 import lowbit
+from lowbit.report import median_time
 
 FMT = "e4m3fn"
 SEED = 20241204
@@ -138,22 +137,12 @@ def speed_rows(runs: int, threads: int = 0) -> list[dict[str, Any]]:
     a, b = operands("gaussian", m, k, rng)[0], operands("gaussian", n, k, rng)[0]
     out = []
     for name, model in models().items():
-        s = _median_s(lambda: dots(a, b, model, threads), runs)
+        s = median_time(lambda: dots(a, b, model, threads), runs)
         out.append({"kind": "speed", "model": name, "m": m, "n": n, "k": k, "cpu_ms": 1e3 * s,
                     "products_per_s": m * n * k / s})
     for row in out:
         row["vs_fp32"] = row["products_per_s"] / out[0]["products_per_s"]
     return out
-
-
-def _median_s(fn: Callable[[], Any], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 # ---- Float8Linear -----------------------------------------------------------------------------
@@ -217,9 +206,9 @@ def float8_rows(runs: int) -> tuple[list[dict[str, Any]], float]:
         for t in ("y", "dx", "dw"):
             row[f"{t}_vs_fp32_sum"] = (rel(got[name][t], got["fp8_tensorwise_delayed"][t].double())
                                        if name.startswith("hopper") else None)
-        row["cpu_ms"] = 1e3 * _median_s(lambda: step(layer, x1, g1), runs)
+        row["cpu_ms"] = 1e3 * median_time(lambda: step(layer, x1, g1), runs)
         out.append(row)
-    base_ms = 1e3 * _median_s(lambda: step(base, x1, g1), runs)
+    base_ms = 1e3 * median_time(lambda: step(base, x1, g1), runs)
     for row in out:
         row["vs_nn_linear"] = base_ms / row["cpu_ms"]
     return out, base_ms

@@ -6,12 +6,12 @@ tensors, the CPU time of forward + backward against nn.Linear, and a small train
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from lowbit.report import median_time
 
 # (label, lowbit.nn.convert / SwitchBackLinear keywords); None: nn.Linear itself.
 LAYERS: list[tuple[str, dict[str, Any] | None]] = [
@@ -31,16 +31,6 @@ TRAIN_CONFIGS = ("nn_linear", "switchback_int8", "switchback_fp8", "tensorwise_f
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     """Relative Frobenius error of a against b."""
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _median_ms(fn: Callable[[], Any], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def measure(workloads: list[tuple[str, np.ndarray]], threads: int, quick: bool,
@@ -94,9 +84,9 @@ def measure(workloads: list[tuple[str, np.ndarray]], threads: int, quick: bool,
         xi = x.clone().requires_grad_(True)
         return lambda: layer(xi).backward(grad)
 
-    t_base = _median_ms(step(base), runs)
+    t_base = 1e3 * median_time(step(base), runs)
     for label, kw in LAYERS[1:]:
-        t = _median_ms(step(lnn.SwitchBackLinear(FAN_IN, FAN_OUT, **kw)), runs)
+        t = 1e3 * median_time(step(lnn.SwitchBackLinear(FAN_IN, FAN_OUT, **kw)), runs)
         for row in rows:
             if row["layer"] == label and row["workload"] == workloads[0][0]:
                 row.update(cpu_ms=t, vs_nn_linear=t_base / t)

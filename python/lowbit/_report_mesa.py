@@ -9,11 +9,11 @@ the section says so and measures nothing.
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from typing import Any
 
 import numpy as np
+
+from lowbit.report import median_time
 
 HEADS, TOKENS, HEAD_DIM = 8, 64, 16
 WIDTH, DEPTH, BLOCK_HEADS, BATCH = 64, 2, 4, 16
@@ -76,13 +76,7 @@ def _model_rows(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             tokens.grad = None
             block(tokens).sum().backward()
 
-        step()
-        t = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            step()
-            t.append(time.perf_counter() - t0)
-        return 1e3 * statistics.median(t)
+        return 1e3 * median_time(step, runs)
 
     native_ms = ms(blk0)
     for core in ("explicit", "sdpa"):
