@@ -3,6 +3,8 @@
 // order-free) and the quantile averages are summed in the GPU's fixed two-level order (chunks
 // within groups, then groups), so the results equal the GPU's bit for bit.
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "../common/cpu.hpp"
@@ -20,10 +22,12 @@ std::int64_t grain_for(std::int64_t per_item) {
   return std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(per_item, 1));
 }
 
-// Quantizes blocks [b0, b1) of x; writes the absmax bits of each block to amax_out.
+// Quantizes blocks [b0, b1) of x; writes the absmax bits of each block to amax_out. buckets:
+// the codebook's bucket table (null for stochastic rounding, which does not search).
 template <class In>
-void quantize_blocks(const blockwise_problem& p, const In* x, std::uint8_t* codes,
-                     std::uint32_t* amax_out, std::int64_t b0, std::int64_t b1) {
+void quantize_blocks(const blockwise_problem& p, const In* x, const std::uint32_t* buckets,
+                     std::uint8_t* codes, std::uint32_t* amax_out, std::int64_t b0,
+                     std::int64_t b1) {
   for (std::int64_t b = b0; b < b1; ++b) {
     const std::int64_t i0 = b * p.block, i1 = std::min(p.n, i0 + p.block);
     std::uint32_t m = 0;
@@ -32,15 +36,46 @@ void quantize_blocks(const blockwise_problem& p, const In* x, std::uint8_t* code
     amax_out[b] = m;
     for (std::int64_t i = i0; i < i1; ++i) {
       const std::uint32_t rb = p.stochastic ? p.rng.bits(static_cast<std::uint64_t>(i)) : 0u;
+      const float v = element_ops::load(x[i]);
       codes[i] = static_cast<std::uint8_t>(
-          ops::encode(p.tb, element_ops::load(x[i]), m, p.stochastic, rb, p.zero_code));
+          p.stochastic ? ops::encode(p.tb, v, m, true, rb, p.zero_code)
+                       : ops::encode(p.tb, buckets, v, m, false, 0u, p.zero_code));
     }
   }
 }
 
 } // namespace
 
+std::shared_ptr<const std::uint32_t[]> bucket_table(const ops::tables& tb) {
+  struct entry {
+    ops::tables tb;
+    std::shared_ptr<const std::uint32_t[]> buckets;
+  };
+  constexpr std::size_t kept = 16;
+  static std::mutex mu;
+  static std::vector<entry> known; // the most recently used last
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    for (std::size_t i = 0; i < known.size(); ++i)
+      if (std::memcmp(&known[i].tb, &tb, sizeof(tb)) == 0) {
+        std::rotate(known.begin() + static_cast<std::ptrdiff_t>(i),
+                    known.begin() + static_cast<std::ptrdiff_t>(i) + 1, known.end());
+        return known.back().buckets;
+      }
+  }
+  std::shared_ptr<std::uint32_t[]> b(new std::uint32_t[ops::bucket_count]);
+  for (std::uint32_t u = 0; u < ops::bucket_count; ++u)
+    b[u] = ops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (known.size() == kept)
+    known.erase(known.begin());
+  known.push_back({tb, b});
+  return b;
+}
+
 void quantize_blockwise(const blockwise_problem& p, const exec& ex) {
+  const std::shared_ptr<const std::uint32_t[]> buckets =
+      p.stochastic ? nullptr : bucket_table(p.tb);
   std::vector<std::uint32_t> amax(static_cast<std::size_t>(p.blocks));
   element_ops::dispatch_input(p.x.type, [&](auto in_tag) {
     using In = decltype(in_tag);
@@ -49,7 +84,9 @@ void quantize_blockwise(const blockwise_problem& p, const exec& ex) {
       std::uint8_t* codes = p.codes.ptr<std::uint8_t>();
       parallel_for(
           p.blocks, ex.threads,
-          [&](std::int64_t b, std::int64_t e) { quantize_blocks(p, x, codes, amax.data(), b, e); },
+          [&](std::int64_t b, std::int64_t e) {
+            quantize_blocks(p, x, buckets.get(), codes, amax.data(), b, e);
+          },
           grain_for(p.block));
     }
   });

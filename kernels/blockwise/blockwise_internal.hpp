@@ -2,6 +2,8 @@
 // launchers. Everything here has passed validation in blockwise.cpp.
 #pragma once
 
+#include <memory>
+
 #include <lowbit/kernels/blockwise.hpp>
 
 #include "blockwise_ops.hpp"
@@ -36,6 +38,11 @@ struct quantile_problem {
 };
 
 namespace cpu {
+// The bucket table of a codebook (blockwise_ops::bucket_entry of every bucket) for the CPU twins'
+// nearest-entry search: built on first use (a fraction of a millisecond) and kept for the 16
+// codebooks used last.
+std::shared_ptr<const std::uint32_t[]> bucket_table(const blockwise_ops::tables& tb);
+
 void quantize_blockwise(const blockwise_problem& p, const exec& ex);
 void dequantize_blockwise(const blockwise_dequant_problem& p, const exec& ex);
 void estimate_quantiles(const quantile_problem& p, const exec& ex);

@@ -8,11 +8,10 @@
 // order then halving strides), so the results equal the GPU's bit for bit.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "../blockwise/blockwise_internal.hpp"
 #include "../common/cpu.hpp"
 #include "optim_internal.hpp"
 
@@ -29,27 +28,6 @@ std::int64_t tensor_of(const optim_problem& p, std::int64_t wb) {
       std::upper_bound(p.items.begin(), p.items.end(), wb,
                        [](std::int64_t v, const optim_item& x) { return v < x.block0; });
   return static_cast<std::int64_t>(it - p.items.begin()) - 1;
-}
-
-// The bucket table of a codebook's tables (bops::bucket_entry of every bucket), built once per
-// codebook and kept for the process: the optimizers' two dynamic maps, a few hundred
-// microseconds each to build.
-const std::uint32_t* buckets_of(const bops::tables& tb) {
-  struct entry {
-    bops::tables tb;
-    std::unique_ptr<std::uint32_t[]> buckets;
-  };
-  static std::mutex mu;
-  static std::vector<entry> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  for (const entry& e : known)
-    if (std::memcmp(&e.tb, &tb, sizeof(tb)) == 0)
-      return e.buckets.get();
-  auto b = std::make_unique<std::uint32_t[]>(bops::bucket_count);
-  for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
-    b[u] = bops::bucket_entry(tb.sum_hi, tb.sum_lo, u);
-  known.push_back({tb, std::move(b)});
-  return known.back().buckets.get();
 }
 
 // The kernel's sum of one float per lane of a work block (lanes: a multiple of 32, at most
@@ -213,9 +191,12 @@ void optimizer_step(const optim_problem& p, const exec& ex) {
       tensor_eta(p, p.items[static_cast<std::size_t>(j)], partial.data(),
                  eta[static_cast<std::size_t>(j)], decay[static_cast<std::size_t>(j)]);
   }
+  // The dynamic maps' bucket tables (the nearest-entry search of encode_state's second form).
+  const std::shared_ptr<const std::uint32_t[]> tables[2] = {bucket_table(p.tb_signed),
+                                                            bucket_table(p.tb_unsigned)};
   const std::uint32_t* buckets[3];
   for (int k = 0; k < 3; ++k)
-    buckets[k] = buckets_of(d::state_signed(p.sh.kind, k) ? p.tb_signed : p.tb_unsigned);
+    buckets[k] = tables[d::state_signed(p.sh.kind, k) ? 0 : 1].get();
   parallel_for(
       p.total_blocks, ex.threads,
       [&](std::int64_t b0, std::int64_t b1) {
