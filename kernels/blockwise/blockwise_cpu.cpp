@@ -39,7 +39,7 @@ void quantize_blocks(const blockwise_problem& p, const In* x, const std::uint32_
       const float v = element_ops::load(x[i]);
       codes[i] = static_cast<std::uint8_t>(
           p.stochastic ? ops::encode(p.tb, v, m, true, rb, p.zero_code)
-                       : ops::encode(p.tb, buckets, v, m, false, 0u, p.zero_code));
+                       : ops::encode_nearest(p.tb, buckets, v, m, p.zero_code));
     }
   }
 }

@@ -411,17 +411,15 @@ LOWBIT_HD LOWBIT_INLINE std::uint32_t encode(const tables& tb, float x, std::uin
   return stochastic ? stochastic_index(tb.value, t, rbits) : nearest_index(tb.sum_hi, tb.sum_lo, t);
 }
 
-// The same code through the codebook's bucket table (bucket_entry of every bucket), which gives
-// nearest_index's entry for every |t| <= 1 in one read instead of eight dependent steps (the CPU
-// twin's search; t of an unpoisoned block is finite with |t| <= 1).
-LOWBIT_HD LOWBIT_INLINE std::uint32_t encode(const tables& tb, const std::uint32_t* buckets,
-                                             float x, std::uint32_t amax_bits, bool stochastic,
-                                             std::uint32_t rbits, std::uint32_t zero_code) {
+// encode's nearest entry through the codebook's bucket table (bucket_entry of every bucket), which
+// gives nearest_index's entry for every |t| <= 1 in one read instead of eight dependent steps:
+// the CPU twins' search (t of an unpoisoned block is finite with |t| <= 1).
+LOWBIT_HD LOWBIT_INLINE std::uint32_t encode_nearest(const tables& tb, const std::uint32_t* buckets,
+                                                     float x, std::uint32_t amax_bits,
+                                                     std::uint32_t zero_code) {
   if (poisoned(amax_bits))
     return zero_code;
-  const float t = normalized(x, amax_bits);
-  return stochastic ? stochastic_index(tb.value, t, rbits)
-                    : nearest_by_buckets(buckets, tb.sum_hi, tb.sum_lo, t);
+  return nearest_by_buckets(buckets, tb.sum_hi, tb.sum_lo, normalized(x, amax_bits));
 }
 
 // The stored absmax of a block from its bits: NaN for a poisoned block.

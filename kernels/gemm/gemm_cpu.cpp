@@ -153,13 +153,14 @@ template <bool Nearest>
 float model_sum(const gemm_model_args& ma, const float* av, const float* ak, const std::uint8_t* b,
                 const std::array<float, 256>& tb, const std::array<float, 256>& kb, std::int64_t k0,
                 std::int64_t k1) {
-  const auto bits = [](float x) { return emu::detail::bit_cast<std::uint32_t>(x); };
-  const auto as_float = [](std::uint32_t u) { return emu::detail::bit_cast<float>(u); };
   float part = 0.0f, acc = 0.0f;
   int since = 0;
   for (std::int64_t s = k0; s < k1; s += ma.block) {
     const std::int64_t e = s + ma.block < k1 ? s + ma.block : k1;
-    float mx[4] = {as_float(bits(part) & 0x7F800000u), 0.0f, 0.0f, 0.0f};
+    // The register's power of two (its exponent bits) starts the largest key product.
+    float mx[4] = {
+        emu::detail::bit_cast<float>(emu::detail::bit_cast<std::uint32_t>(part) & 0x7F800000u),
+        0.0f, 0.0f, 0.0f};
     std::int64_t k = s;
     for (; k + 4 <= e; k += 4)
       for (int j = 0; j < 4; ++j) {
@@ -184,28 +185,32 @@ float model_sum(const gemm_model_args& ma, const float* av, const float* ak, con
   return part;
 }
 
-// Whether row r (of `rows` rows of K codes, stride `stride`) holds a NaN or Inf code.
-std::vector<char> special_rows(const std::uint8_t* codes, std::int64_t rows, std::int64_t stride,
-                               std::int64_t k, const std::array<float, 256>& key) {
-  std::vector<char> out(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < k && out[static_cast<std::size_t>(r)] == 0; ++c)
-      out[static_cast<std::size_t>(r)] = key[codes[r * stride + c]] < 0.0f ? 1 : 0;
-  return out;
-}
+// What the float32 form reads of both operands, made once per call: their values and keys
+// (gemm_model_key) by code, and which rows of B hold a NaN or Inf code.
+struct model_tables {
+  gemm_model_args ma;
+  std::array<float, 256> ta, tb, ka, kb;
+  std::vector<char> b_special;
+
+  explicit model_tables(const gemm_problem& p)
+      : ma(gemm_model_args_of(p.accumulation)), ta(table_of(p.a.elem)), tb(table_of(p.b.elem)),
+        b_special(static_cast<std::size_t>(p.n)) {
+    for (int c = 0; c < 256; ++c) {
+      ka[c] = gemm_model_key(ta[c], gemm_min_exponent(p.a.elem), p.accumulation.exponent);
+      kb[c] = gemm_model_key(tb[c], gemm_min_exponent(p.b.elem), p.accumulation.exponent);
+    }
+    const auto* b = static_cast<const std::uint8_t*>(p.b.codes);
+    for (std::int64_t n = 0; n < p.n; ++n) {
+      char& special = b_special[static_cast<std::size_t>(n)];
+      for (std::int64_t k = 0; k < p.k && special == 0; ++k)
+        special = kb[b[n * p.b.row_stride + k]] < 0.0f ? 1 : 0;
+    }
+  }
+};
 
 // The register-aligned block models over fp8 operands: the float32 form where neither operand's
-// row holds NaN or Inf (b_special), emu::accumulator's sum where one does.
-void model_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1,
-                const std::vector<char>& b_special) {
-  const gemm_model_args ma = gemm_model_args_of(p.accumulation);
-  const emu::product_exponent rule = p.accumulation.exponent;
-  const std::array<float, 256> ta = table_of(p.a.elem), tb = table_of(p.b.elem);
-  std::array<float, 256> ka{}, kb{};
-  for (int c = 0; c < 256; ++c) {
-    ka[c] = gemm_model_key(ta[c], gemm_min_exponent(p.a.elem), rule);
-    kb[c] = gemm_model_key(tb[c], gemm_min_exponent(p.b.elem), rule);
-  }
+// row holds NaN or Inf, emu::accumulator's sum where one does.
+void model_rows(const gemm_problem& p, const model_tables& t, std::int64_t m0, std::int64_t m1) {
   const auto* a = static_cast<const std::uint8_t*>(p.a.codes);
   const auto* b = static_cast<const std::uint8_t*>(p.b.codes);
   std::vector<float> av(static_cast<std::size_t>(p.k)), ak(av.size());
@@ -213,21 +218,22 @@ void model_rows(const gemm_problem& p, std::int64_t m0, std::int64_t m1,
     const std::uint8_t* ar = a + m * p.a.row_stride;
     bool a_special = false;
     for (std::int64_t k = 0; k < p.k; ++k) {
-      av[static_cast<std::size_t>(k)] = ta[ar[k]];
-      ak[static_cast<std::size_t>(k)] = ka[ar[k]];
-      a_special |= ka[ar[k]] < 0.0f;
+      av[static_cast<std::size_t>(k)] = t.ta[ar[k]];
+      ak[static_cast<std::size_t>(k)] = t.ka[ar[k]];
+      a_special |= t.ka[ar[k]] < 0.0f;
     }
     for (std::int64_t n = 0; n < p.n; ++n) {
       const std::uint8_t* br = b + n * p.b.row_stride;
       const auto block = [&](std::int64_t k0, std::int64_t k1) {
-        if (a_special || b_special[static_cast<std::size_t>(n)] != 0) {
+        if (a_special || t.b_special[static_cast<std::size_t>(n)] != 0) {
           emu::accumulator acc = gemm_accumulator(p);
           for (std::int64_t k = k0; k < k1; ++k)
-            acc.add(av[static_cast<std::size_t>(k)], tb[br[k]]);
+            acc.add(av[static_cast<std::size_t>(k)], t.tb[br[k]]);
           return acc.finish();
         }
-        return ma.nearest_terms ? model_sum<true>(ma, av.data(), ak.data(), br, tb, kb, k0, k1)
-                                : model_sum<false>(ma, av.data(), ak.data(), br, tb, kb, k0, k1);
+        return t.ma.nearest_terms
+                   ? model_sum<true>(t.ma, av.data(), ak.data(), br, t.tb, t.kb, k0, k1)
+                   : model_sum<false>(t.ma, av.data(), ak.data(), br, t.tb, t.kb, k0, k1);
       };
       if (p.kblock > 0)
         finish_blocked(p, m, n, block);
@@ -260,16 +266,11 @@ void scaled_matmul(const gemm_problem& p, const exec& ex) {
   if (p.m == 0 || p.n == 0)
     return;
   if (gemm_model_takes(p)) {
-    std::array<float, 256> kb{};
-    const std::array<float, 256> tb = table_of(p.b.elem);
-    for (int c = 0; c < 256; ++c)
-      kb[c] = gemm_model_key(tb[c], gemm_min_exponent(p.b.elem), p.accumulation.exponent);
-    const std::vector<char> b_special =
-        special_rows(static_cast<const std::uint8_t*>(p.b.codes), p.n, p.b.row_stride, p.k, kb);
+    const model_tables t(p);
     const std::int64_t grain = p.n * p.k >= (1 << 16) ? 1 : (1 << 16) / (p.n * p.k);
     parallel_for(
-        p.m, ex.threads,
-        [&](std::int64_t m0, std::int64_t m1) { model_rows(p, m0, m1, b_special); }, grain);
+        p.m, ex.threads, [&](std::int64_t m0, std::int64_t m1) { model_rows(p, t, m0, m1); },
+        grain);
     return;
   }
   // Rows per thread: about 2^16 multiply-adds of work at least.

@@ -56,6 +56,19 @@ __device__ inline std::uint32_t xor3(std::uint32_t x, std::uint32_t y, std::uint
 #endif
 }
 
+// A thread's N consecutive values of row k of a k-major stage array, in N / 4 16-byte loads.
+template <int N, int Cols>
+__device__ inline void fragment(const float (*src)[Cols], int k, int at, float (&out)[N]) {
+#pragma unroll
+  for (int q = 0; q < N / 4; ++q) {
+    const float4 v = *reinterpret_cast<const float4*>(&src[k][at + 4 * q]);
+    out[4 * q] = v.x;
+    out[4 * q + 1] = v.y;
+    out[4 * q + 2] = v.z;
+    out[4 * q + 3] = v.w;
+  }
+}
+
 // a * b rounded to its block's grid 2^q (toward zero, or to nearest even), ms = M = 2^(q + 23)
 // with the sign of a * b: fma(a, b, M) lies in [|M|, 2|M|), where float32's spacing is 2^q
 // (|a b| < 2^(e_max + 2) <= 2^(q + 23)), so the fused multiply-add's one rounding is the term's,
@@ -186,11 +199,9 @@ __global__ void __launch_bounds__(threads, 1)
         for (int j = 0; j < tn; ++j)
           mx[i][j] = as_float(bits_of(part[i][j]) & exponent_bits);
       for (int k = s; k < s + ma.block; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(&sm.akey[k][ty * tm]);
-        const float4 a1 = *reinterpret_cast<const float4*>(&sm.akey[k][ty * tm + 4]);
-        const float4 b0 = *reinterpret_cast<const float4*>(&sm.bkey[k][tx * tn]);
-        const float pa[tm] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        const float pb[tn] = {b0.x, b0.y, b0.z, b0.w};
+        float pa[tm], pb[tn];
+        fragment(sm.akey, k, ty * tm, pa);
+        fragment(sm.bkey, k, tx * tn, pb);
 #pragma unroll
         for (int i = 0; i < tm; ++i)
 #pragma unroll
@@ -210,11 +221,9 @@ __global__ void __launch_bounds__(threads, 1)
         }
       // Pass 2: the products' terms, each rounded to the grid by one fused multiply-add.
       for (int k = s; k < s + ma.block; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(&sm.av[k][ty * tm]);
-        const float4 a1 = *reinterpret_cast<const float4*>(&sm.av[k][ty * tm + 4]);
-        const float4 b0 = *reinterpret_cast<const float4*>(&sm.bv[k][tx * tn]);
-        const float va[tm] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        const float vb[tn] = {b0.x, b0.y, b0.z, b0.w};
+        float va[tm], vb[tn];
+        fragment(sm.av, k, ty * tm, va);
+        fragment(sm.bv, k, tx * tn, vb);
         std::uint32_t sa[tm], sb[tn];
 #pragma unroll
         for (int i = 0; i < tm; ++i)

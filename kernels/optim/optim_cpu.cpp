@@ -165,7 +165,11 @@ void step_block(const optim_problem& p, std::int64_t j, std::int64_t wb, float e
     auto* codes = static_cast<std::uint8_t*>(dst[k]);
     for (std::int64_t e = 0; e < m; ++e) {
       const std::uint32_t rb = p.sh.stochastic ? d::random_bits(p.sh, streams, j, k, i0 + e) : 0u;
-      codes[i0 + e] = d::encode_state(*tb[k], buckets[k], sv[k][e], amax, p.sh.stochastic, rb);
+      // Nearest: through the bucket table (amax is finite here: encode_nearest's zero code is
+      // never taken).
+      codes[i0 + e] = static_cast<std::uint8_t>(
+          p.sh.stochastic ? d::encode_state(*tb[k], sv[k][e], amax, true, rb)
+                          : bops::encode_nearest(*tb[k], buckets[k], sv[k][e], amax, 0u));
     }
   }
 }
@@ -191,7 +195,7 @@ void optimizer_step(const optim_problem& p, const exec& ex) {
       tensor_eta(p, p.items[static_cast<std::size_t>(j)], partial.data(),
                  eta[static_cast<std::size_t>(j)], decay[static_cast<std::size_t>(j)]);
   }
-  // The dynamic maps' bucket tables (the nearest-entry search of encode_state's second form).
+  // The dynamic maps' bucket tables (the twin's nearest-entry search, bops::encode_nearest).
   const std::shared_ptr<const std::uint32_t[]> tables[2] = {bucket_table(p.tb_signed),
                                                             bucket_table(p.tb_unsigned)};
   const std::uint32_t* buckets[3];

@@ -247,19 +247,6 @@ LOWBIT_HD LOWBIT_INLINE std::uint8_t encode_state(const bops::tables& tb, float 
                                               : bops::nearest_index(tb.sum_hi, tb.sum_lo, t));
 }
 
-// The same code through the codebook's bucket table (bops::bucket_entry of every bucket), which
-// gives nearest_index's entry for every |t| <= 1 in one table read instead of eight dependent
-// steps: the CPU twin's form (the kernels read their tables from shared memory).
-LOWBIT_HD LOWBIT_INLINE std::uint8_t encode_state(const bops::tables& tb,
-                                                  const std::uint32_t* buckets, float x,
-                                                  std::uint32_t amax, bool stochastic,
-                                                  std::uint32_t rbits) {
-  const float t = bops::normalized(x, amax);
-  return static_cast<std::uint8_t>(
-      stochastic ? bops::stochastic_index(tb.value, t, rbits)
-                 : bops::nearest_by_buckets(buckets, tb.sum_hi, tb.sum_lo, t));
-}
-
 // StableAdamW's eta = lr / max(1, RMS) and decay = 1 - eta wd from the tensor's sum of RMS terms
 // (double) over `count` elements, in double, each rounded once to float.
 LOWBIT_HD LOWBIT_INLINE void stable_eta(const optim_shared& sh, double total, std::int64_t count,
