@@ -15,6 +15,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "../common/blas.hpp"
@@ -276,8 +277,19 @@ bool fp8_fused(const gemm_problem& p, const exec& ex) {
     f.scale_a = p.b.mode == scale_mode::tensor ? p.b.scales : nullptr;
     f.scale_b = p.a.mode == scale_mode::tensor ? p.a.scales : nullptr;
   }
-  f.bias = p.bias;
-  f.bias_type = cuda_type(p.bias_type);
+  // Without a bias cuBLASLt's epilogue adds nothing, so an exact zero times a negative scale
+  // stays -0; the rule adds +0 (gemm_epilogue), which makes it +0. A bias of zeros does the same.
+  std::optional<scratch> zeros;
+  if (p.bias == nullptr) {
+    const std::size_t bytes = static_cast<std::size_t>((p.n + 7) / 8 * 8) * 2;
+    zeros.emplace(bytes, s);
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(zeros->as<void>(), 0, bytes, s));
+    f.bias = zeros->as<void>();
+    f.bias_type = p.out_type == dtype::float16 ? CUDA_R_16F : CUDA_R_16BF;
+  } else {
+    f.bias = p.bias;
+    f.bias_type = cuda_type(p.bias_type);
+  }
   const std::int64_t ldd = p.m <= 1 ? (p.n + 15) / 16 * 16 : p.out_stride;
   return run(p, CUBLAS_COMPUTE_32F, p.out, cuda_type(p.out_type), ldd, &f, ex);
 }

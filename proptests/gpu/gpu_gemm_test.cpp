@@ -768,6 +768,67 @@ void normal_scales(operand& o) {
   o.store();
 }
 
+// The first outputs where cpu and gpu differ, with what makes them: the output's bytes, the
+// model's float32 sum of the row's exact products (emu::accumulate), the scales, the bias and the
+// two rows' codes in hex; enough to replay a counterexample on the CPU.
+std::string mismatches(const problem& p, const std::vector<unsigned char>& cpu,
+                       const std::vector<unsigned char>& gpu, const emu::accumulation& model) {
+  const std::size_t es = kernels::dtype_size(p.out_t);
+  const auto hex = [](const std::vector<std::uint16_t>& c, std::int64_t at, std::int64_t n) {
+    std::string s;
+    char buf[8];
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::snprintf(buf, sizeof buf, "%02x",
+                    static_cast<unsigned>(c[static_cast<std::size_t>(at + i)]));
+      s += buf;
+    }
+    return s;
+  };
+  const auto bytes = [&](const std::vector<unsigned char>& v, std::size_t at) {
+    std::uint32_t x = 0;
+    std::memcpy(&x, v.data() + at, es);
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%0*x", static_cast<int>(2 * es), x);
+    return std::string(buf);
+  };
+  std::string s;
+  int shown = 0;
+  const std::int64_t k = p.a.cols;
+  for (std::int64_t m = 0; m < p.a.rows && shown < 3; ++m)
+    for (std::int64_t n = 0; n < p.b.rows && shown < 3; ++n) {
+      const std::size_t at = static_cast<std::size_t>(p.out_offset + m * p.out_stride + n) * es;
+      if (std::memcmp(cpu.data() + at, gpu.data() + at, es) == 0)
+        continue;
+      ++shown;
+      std::vector<float> x(static_cast<std::size_t>(k)), y(x.size());
+      for (std::int64_t c = 0; c < k; ++c) {
+        x[static_cast<std::size_t>(c)] = static_cast<float>(p.a.value(m, c));
+        y[static_cast<std::size_t>(c)] = static_cast<float>(p.b.value(n, c));
+      }
+      const float sum = emu::accumulate(model, x.data(), y.data(), k, format_of(p.a.k).emin(),
+                                        format_of(p.b.k).emin());
+      std::uint32_t sum_bits;
+      std::memcpy(&sum_bits, &sum, 4);
+      char line[160];
+      std::snprintf(line, sizeof line, "out[%lld][%lld]: cpu %s gpu %s, model sum 0x%08x, ",
+                    static_cast<long long>(m), static_cast<long long>(n), bytes(cpu, at).c_str(),
+                    bytes(gpu, at).c_str(), sum_bits);
+      s += line;
+      const auto scale = [](const operand& o, std::int64_t i) {
+        if (o.scales.empty())
+          return std::string("-");
+        char buf[32];
+        std::snprintf(
+            buf, sizeof buf, "%a",
+            static_cast<double>(o.scales[o.scales.size() == 1 ? 0 : static_cast<std::size_t>(i)]));
+        return std::string(buf);
+      };
+      s += "sa " + scale(p.a, m) + " sb " + scale(p.b, n);
+      s += "\n  a " + hex(p.a.codes, m * k, k) + "\n  b " + hex(p.b.codes, n * k, k) + "\n";
+    }
+  return s;
+}
+
 // emu::hopper_fp8_accumulation(fast) on the CPU twin == `backend`'s fp8 GEMM on the GPU (with
 // gemm_options::fast_accumulation = fast) bit for bit: e4m3 x e4m3, e4m3 x e5m2 and e5m2 x
 // e4m3, K up to 2048, scales none/tensor/rows, bias, every out dtype. Prints the counts of
@@ -804,7 +865,9 @@ bool hopper_model_matches(gemm_backend backend, bool fast = false) {
       }
     compared += p.a.rows * p.b.rows;
     mismatched += bad;
-    RC_ASSERT(same_bytes(cpu, gpu, what + " vs the Hopper model on " + p.describe()));
+    if (bad > 0)
+      RC_FAIL(what + " vs the Hopper model on " + p.describe() + ": " + std::to_string(bad) +
+              " outputs differ\n" + mismatches(p, cpu, gpu, emu::hopper_fp8_accumulation(fast)));
   }));
   std::printf("[hopper model vs %s fp8] %lld outputs compared, %lld mismatches\n", what.c_str(),
               static_cast<long long>(compared), static_cast<long long>(mismatched));
