@@ -769,8 +769,8 @@ void normal_scales(operand& o) {
 }
 
 // The first outputs where cpu and gpu differ, with what makes them: the output's bytes, the
-// model's float32 sum of the row's exact products (emu::accumulate), the scales, the bias and the
-// two rows' codes in hex; enough to replay a counterexample on the CPU.
+// model's float32 sum of the row's exact products (emu::accumulate), the scales and the two rows'
+// codes in hex (the failure's problem description names the bias and out's dtype).
 std::string mismatches(const problem& p, const std::vector<unsigned char>& cpu,
                        const std::vector<unsigned char>& gpu, const emu::accumulation& model) {
   const std::size_t es = kernels::dtype_size(p.out_t);
