@@ -3,8 +3,8 @@
 forward equal to the plain PyTorch op, its backward equal to autograd's exact backward evaluated
 on the dequantized saved tensors, gradcheck in float64 with quantization replaced by identity,
 eval mode (no quantization, no update), the estimates in the state_dict, autocast, the memory
-kept for backward, convert() on lowbit._tiny's ViT, bad input, and CUDA against CPU (marker
-gpu)."""
+kept for backward, convert() on lowbit._tiny's ViT, torch.compile(fullgraph=True) equal to eager
+bit for bit, bad input, and CUDA against CPU (marker gpu)."""
 
 from __future__ import annotations
 
@@ -436,6 +436,75 @@ def test_convert_timm_style_modules():
     x = torch.randn(2, 5, 16, requires_grad=True)
     torch.testing.assert_close(net(x), ref(x), rtol=1e-5, atol=1e-6)
     net(x).sum().backward()
+
+
+# ---- torch.compile ---------------------------------------------------------------------------
+
+
+COMPILED = {
+    "linear": (lambda: mesa.MesaLinear(16, 32, groups=2), [(4, 16)]),
+    "gelu": (lambda: mesa.MesaGELU(), [(4, 16)]),
+    "silu": (lambda: mesa.MesaSiLU(), [(4, 16)]),
+    "relu": (lambda: mesa.MesaReLU(), [(4, 16)]),
+    "layernorm": (lambda: mesa.MesaLayerNorm(16, groups=4), [(4, 16)]),
+    "softmax": (lambda: mesa.MesaSoftmax(groups=2), [(2, 2, 4, 8)]),
+    "matmul": (lambda: mesa.MesaMatMul(groups=2), [(2, 2, 4, 8), (2, 2, 8, 4)]),
+    "softmax_matmul": (lambda: mesa.MesaSoftmaxMatMul(groups=2), [(2, 2, 4, 4), (2, 2, 4, 8)]),
+    "attention": (lambda: mesa.MesaAttention(16, 2), [(2, 5, 16)]),
+}
+
+
+def _eager_and_compiled(make, inputs, steps=2):
+    """Trains a module and its copy under torch.compile(fullgraph=True, backend="aot_eager")
+    for `steps` forward + backward passes on the same inputs; returns both sides' last outputs,
+    input gradients, parameter gradients and state_dicts (the running estimates among them)."""
+    torch.manual_seed(1)
+    m = make()
+    c = copy.deepcopy(m)
+    sides = []
+    torch._dynamo.reset()
+    for module in (m, torch.compile(c, fullgraph=True, backend="aot_eager")):
+        xs = [x.clone().requires_grad_(True) for x in inputs]
+        for _ in range(steps):
+            y = module(*xs)
+            y.square().sum().backward()
+        sides.append((y, [x.grad for x in xs]))
+    return sides, (m, c)
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_torch_compile_fullgraph_matches_eager_bitwise(name):
+    # fullgraph=True: a graph break anywhere (the Functions' backward, the custom ops' fakes)
+    # is an error. The estimates move at each training step, so the second step's codes
+    # depend on the first step's update having happened in the compiled graph too.
+    make, shapes = COMPILED[name]
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(*shape, generator=gen) for shape in shapes]
+    ((ye, ge), (yc, gc)), (m, c) = _eager_and_compiled(make, inputs)
+    assert torch.equal(ye, yc)
+    for a, b in zip(ge, gc):
+        assert torch.equal(a, b)
+    for (k, a), b in zip(m.state_dict().items(), c.state_dict().values()):
+        assert torch.equal(a, b), k
+    for (k, p), q in zip(m.named_parameters(), c.parameters()):
+        assert torch.equal(p.grad, q.grad), k
+
+
+def test_torch_compile_fullgraph_converted_tiny_vit():
+    torch.manual_seed(0)
+    model = _tiny.TinyViT(width=32, depth=2, heads=2)
+    mesa.convert(model)
+    twin = copy.deepcopy(model)
+    x, y = next(_tiny.make_data(1, 4, 0, "cpu"))
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(compiled(x), y).backward()
+    for (k, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p.grad, q.grad), k
+    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), k
 
 
 # ---- CUDA against CPU -------------------------------------------------------------------------

@@ -352,7 +352,9 @@ class MesaReLU(_Pointwise):
 
 class _LayerNormFn(torch.autograd.Function):
     """layer_norm with its input saved in 8 bits; the backward recomputes the statistics (mean,
-    variance) from the dequantized input and takes autograd's exact backward there."""
+    1 / std) from the dequantized input and runs the backward kernel autograd runs for layer_norm
+    (aten's native_layer_norm and its backward, called directly: no autograd inside the
+    backward, so torch.compile traces it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, shape, eps, quant, dtype):
@@ -369,16 +371,17 @@ class _LayerNormFn(torch.autograd.Function):
     def backward(ctx, gy):
         saved = _unstash(ctx)
         packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
-        xd = ctx.quant.unpack(tuple(packed), ctx.dtype).requires_grad_()
-        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
-            w = None if weight is None else weight.detach().requires_grad_()
-            b = None if bias is None else bias.detach().requires_grad_()
-            y = F.layer_norm(xd, ctx.shape, _cast(w, ctx.dtype), _cast(b, ctx.dtype), ctx.eps)
-            wanted = [t for t in (xd, w, b) if t is not None]
-            grads = list(torch.autograd.grad(y, wanted, gy.to(y.dtype), allow_unused=True))
-        gx = grads.pop(0).to(ctx.x_dtype)
-        gw = grads.pop(0) if w is not None else None
-        gb = grads.pop(0) if b is not None else None
+        xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
+        w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
+        with torch.autocast(gy.device.type, enabled=False):
+            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, list(ctx.shape), w, b, ctx.eps)
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+                gy.to(ctx.dtype), xd, list(ctx.shape), mean, rstd, w, b,
+                [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
+                 b is not None and ctx.needs_input_grad[2]])
+        gx = None if gx is None else gx.to(ctx.x_dtype)
+        gw = None if gw is None else gw.to(weight.dtype)
+        gb = None if gb is None else gb.to(bias.dtype)
         return gx, gw, gb, None, None, None, None
 
 
