@@ -53,6 +53,8 @@ std::int64_t tensor_view::numel() const {
 }
 
 bool tensor_view::is_contiguous() const {
+  if (numel() == 0) // no element to address: any strides describe it (as in PyTorch)
+    return true;
   std::int64_t stride = 1;
   for (int k = ndim - 1; k >= 0; --k) {
     if (shape[k] != 1 && strides[k] != stride)

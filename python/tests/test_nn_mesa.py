@@ -377,6 +377,27 @@ def test_bad_input_is_refused():
                                True, False, 0.9, False, 0, 0, 0)
     with pytest.raises(ValueError, match="layers"):
         mesa.convert(torch.nn.Linear(2, 2), layers=("conv",))
+    with pytest.raises(ValueError, match="grouped dimension"):  # 0 heads: no group to estimate
+        mesa.MesaSoftmax(groups=1, group_dim=1)(torch.randn(3, 0, 4, 4, requires_grad=True))
+
+
+@pytest.mark.parametrize("shape", [(0, 16), (3, 0, 16), (0, 5, 16)])
+def test_empty_batches_train(shape):
+    # An empty batch or an empty run of tokens: forward and backward run, the gradients are
+    # empty or zero, and the estimates stay unset (no value to estimate them from).
+    modules = [mesa.MesaLinear(16, 8, groups=2), mesa.MesaGELU(), mesa.MesaSiLU(),
+               mesa.MesaReLU(), mesa.MesaLayerNorm(16, groups=4)]
+    if len(shape) == 3:
+        modules.append(mesa.MesaAttention(16, 2))
+    for m in modules:
+        x = torch.zeros(*shape, requires_grad=True)
+        y = m(x)
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+        for p in m.parameters():
+            assert p.grad is not None and not p.grad.any(), type(m).__name__
+        for q in (mod for mod in m.modules() if isinstance(mod, mesa.ActQuantizer)):
+            assert (q.alpha < 0).all(), type(m).__name__
 
 
 # ---- convert on lowbit._tiny's ViT -------------------------------------------------------------

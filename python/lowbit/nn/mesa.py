@@ -112,6 +112,9 @@ class ActQuantizer(nn.Module):
 
     def group_size(self, x: torch.Tensor) -> int:
         c = x.shape[self.dim]
+        if c == 0:
+            raise ValueError(f"{type(self).__name__}: x.shape[{self.dim}] = 0: the grouped "
+                             f"dimension must hold the {self.groups} group(s)")
         if c % self.groups:
             raise ValueError(f"{type(self).__name__}: x.shape[{self.dim}] = {c} is not a "
                              f"multiple of groups = {self.groups}")
