@@ -376,10 +376,11 @@ class _LayerNormFn(torch.autograd.Function):
         packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
         xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
         w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
+        shape = list(ctx.shape)
         with torch.autocast(gy.device.type, enabled=False):
-            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, list(ctx.shape), w, b, ctx.eps)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, shape, w, b, ctx.eps)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy.to(ctx.dtype), xd, list(ctx.shape), mean, rstd, w, b,
+                gy.to(ctx.dtype), xd, shape, mean, rstd, w, b,
                 [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
                  b is not None and ctx.needs_input_grad[2]])
         gx = None if gx is None else gx.to(ctx.x_dtype)
