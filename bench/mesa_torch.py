@@ -26,9 +26,11 @@ before it, updated from the same read: one pass over each saved tensor instead o
 Goals (docs/techniques/mesa.md): activation memory saved >= 45%, overhead <= 15%, against bf16.
 
 Part 2 (CUDA only, unless --no-kernels): the actquant kernels alone on bfloat16 tensors (heads
-of [512, 12, 197, 64], blocks of channels and one group of [65536, 768]): bytes moved per element
-(update + quantize 5: x read twice, codes written; lagged and frozen 3; dequantize to bf16 3),
-median ms (CUDA events) and GB/s, beside a bf16 clone (4 bytes per element) in the same run.
+of [512, 12, 197, 64], blocks of channels and one group of [65536, 768], and the SDPA core's
+packed q, k, v of ViT-B at batch 256, [50432, 2304] in 36 groups of 64 channels): bytes moved
+per element (update + quantize 5: x read twice, codes written; lagged and frozen 3; dequantize
+to bf16 3), median ms (CUDA events) and GB/s, beside a bf16 clone (4 bytes per element) in the
+same run.
 
 Part 3 (unless --train-steps 0): lowbit._tiny.train with and without Mesa (same seed, data and
 schedule; bfloat16 autocast on CUDA, float32 on the CPU), final losses (mean of the last 20 steps)
@@ -194,6 +196,9 @@ def kernel_rows(device: str) -> list[dict]:
     rows = []
     for label, shape, dim, groups in (("heads [512, 12, 197, 64]", (512, 12, 197, 64), 1, 12),
                                       ("channel blocks [65536, 768] / 12", (65536, 768), -1, 12),
+                                      # the SDPA core's qkv of ViT-B at batch 256: a group per
+                                      # head of q, k and v, 64 channels each
+                                      ("qkv [50432, 2304] / 36", (50432, 2304), -1, 36),
                                       ("tensor [65536, 768]", (65536, 768), -1, 1)):
         x = torch.randn(shape, device=device, dtype=torch.bfloat16)
         n = x.numel()

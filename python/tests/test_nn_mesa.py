@@ -164,24 +164,39 @@ def test_pointwise_backward_is_exact_on_dequantized_input(cls, fn):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_layernorm_backward_is_exact_on_dequantized_input():
+def test_layernorm_backward_is_exact_on_dequantized_input_and_saved_statistics():
     torch.manual_seed(2)
     ln = torch.nn.LayerNorm(32)
     with torch.no_grad():
         ln.weight.uniform_(0.5, 1.5)
         ln.bias.uniform_(-0.5, 0.5)
     m = mesa.MesaLayerNorm.from_layernorm(ln, groups=2)
-    x = torch.randn(3, 5, 32, requires_grad=True)
+    x = torch.randn(3, 5, 32, requires_grad=True) * 3 + 1
     st = {k[len("quant."):]: v for k, v in states(m).items() if k.startswith("quant.")}
     y = m(x)
     assert torch.equal(y, ln(x))
     gy = torch.randn_like(y)
     got = grads(y, [x, m.weight, m.bias], gy)
-    xd = dequantized(m.quant, x, st).requires_grad_()
-    want = grads(torch.nn.functional.layer_norm(xd, (32,), ln.weight, ln.bias), [xd, ln.weight,
-                                                                                  ln.bias], gy)
+    xd = dequantized(m.quant, x, st)
+    # The statistics are the forward's, of x itself, not of the dequantized input.
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x.detach(), [32], ln.weight, ln.bias, 1e-5)
+    want = torch.ops.aten.native_layer_norm_backward(gy, xd, [32], mean, rstd, ln.weight.detach(),
+                                                     ln.bias.detach(), [True, True, True])
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # The same backward written out in float64: xn = (xd - mean) rstd, gxn = gy w,
+    # gx = rstd (gxn - mean(gxn) - xn mean(gxn xn)), gw = sum gy xn, gb = sum gy.
+    xn = (xd.double() - mean.double()) * rstd.double()
+    gxn = gy.double() * ln.weight.double()
+    gx = rstd.double() * (gxn - gxn.mean(-1, keepdim=True)
+                          - xn * (gxn * xn).mean(-1, keepdim=True))
+    formula = (gx, (gy.double() * xn).sum((0, 1)), gy.double().sum((0, 1)))
+    for g, w in zip(got, formula):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+    # and that differs from the backward with statistics recomputed from the dequantized input
+    xr = xd.clone().requires_grad_()
+    (other,) = grads(torch.nn.functional.layer_norm(xr, (32,), ln.weight, ln.bias), [xr], gy)
+    assert not torch.equal(got[0], other)
 
 
 def test_softmax_backward_is_exact_on_dequantized_output():
@@ -251,19 +266,48 @@ def test_softmax_matmul_saves_the_softmax_once_and_is_exact_on_it():
 def test_sdpa_core_backward_is_exact_on_dequantized_qkv():
     torch.manual_seed(6)
     attn = mesa.MesaAttention(16, 4, core="sdpa")
-    q, k, v = (torch.randn(2, 4, 5, 4, requires_grad=True) for _ in range(3))
-    st = states(attn)
-    y = attn.attend(q, k, v)
+    qkv = torch.randn(2, 5, 48, requires_grad=True)
+    with torch.no_grad():  # heads of distinct ranges: a group per head of each of q, k and v
+        qkv.mul_(torch.logspace(-2, 2, 12).repeat_interleave(4))
+    st = {k[len("quant_qkv."):]: v for k, v in states(attn).items()}
+    y = attn.attend(qkv)
+    q, k, v = qkv.reshape(2, 5, 3, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)
     torch.testing.assert_close(y, torch.nn.functional.scaled_dot_product_attention(q, k, v),
                                rtol=0, atol=0)
+    assert attn.quant_qkv.groups == 12 and attn.quant_qkv.dim == -1
     gy = torch.randn_like(y)
-    got = grads(y, [q, k, v], gy)
-    ds = [dequantized(getattr(attn, f"quant_{n}"), t,
-                      {"alpha": st[f"quant_{n}.alpha"], "beta": st[f"quant_{n}.beta"]})
-          .requires_grad_() for n, t in zip("qkv", (q, k, v))]
-    want = grads(torch.nn.functional.scaled_dot_product_attention(*ds), ds, gy)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    (got,) = grads(y, [qkv], gy)
+    qd = dequantized(attn.quant_qkv, qkv, st).requires_grad_()
+    want = grads(torch.nn.functional.scaled_dot_product_attention(
+        *qd.reshape(2, 5, 3, 4, 4).permute(2, 0, 3, 1, 4).unbind(0)), [qd], gy)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # The groups are the heads of q, k and v: the estimates (and so the codes) are those of
+    # quantizing q, k and v apart, a group per head of each.
+    for i, t in enumerate((q, k, v)):
+        a, b = st["alpha"][4 * i:4 * i + 4].clone(), st["beta"][4 * i:4 * i + 4].clone()
+        ops._actquant_quantize(t.detach().contiguous(), a, b, 1, 1, True, False,
+                               attn.quant_qkv.momentum, False, 0, 0, 0)
+        assert torch.equal(a, attn.quant_qkv.alpha[4 * i:4 * i + 4])
+        assert torch.equal(b, attn.quant_qkv.beta[4 * i:4 * i + 4])
+    # One 8-bit copy of q, k and v (plus the estimates' copies: 12 groups).
+    assert mesa.saved_bytes(lambda: attn.attend(qkv)) == qkv.numel() + 12 * 4 * 2
+
+
+def test_sdpa_core_loads_the_estimates_of_separate_q_k_v_quantizers():
+    """A state_dict from before q, k and v were saved as one tensor (quant_q, quant_k, quant_v,
+    a group per head each) loads: they are quant_qkv's groups in that order."""
+    attn = mesa.MesaAttention(16, 4, core="sdpa")
+    sd = {k: v for k, v in attn.state_dict().items() if not k.startswith("quant_qkv.")}
+    for i, n in enumerate("qkv"):
+        sd[f"quant_{n}.alpha"] = torch.arange(4.0) + 10 * i
+        sd[f"quant_{n}.beta"] = -torch.arange(4.0) - 10 * i
+    net = torch.nn.Sequential(attn)  # under a prefix, as in a model
+    net.load_state_dict({f"0.{k}": v for k, v in sd.items()})
+    assert torch.equal(attn.quant_qkv.alpha, torch.cat([torch.arange(4.0) + 10 * i
+                                                        for i in range(3)]))
+    assert torch.equal(attn.quant_qkv.beta, -attn.quant_qkv.alpha)
+    with pytest.raises(ValueError, match="qkv of shape"):
+        attn.attend(torch.randn(2, 5, 16))
 
 
 # ---- gradcheck with quantization replaced by identity ----------------------------------------

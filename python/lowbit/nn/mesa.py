@@ -13,12 +13,13 @@ module                saves for backward (8-bit codes + G floats of alpha, beta)
 MesaLinear            its input
 MesaGELU, MesaSiLU    their input
 MesaReLU              its input (the sign is all the backward needs: code > code of 0)
-MesaLayerNorm         its input; the statistics are recomputed from it in backward
+MesaLayerNorm         its input, and the statistics (mean, 1 / std) of each row
 MesaSoftmax           its output
 MesaMatMul            both operands of a @ b (or a @ b^T)
 MesaSoftmaxMatMul     softmax(s) @ v: the softmax output once (both backwards read it) and v
 MesaAttention         timm's Attention: qkv and proj inputs, the attention core as above
-                      (``core="explicit"``, the paper's) or q, k, v of a fused
+                      (``core="explicit"``, the paper's) or the qkv projection's output (q, k,
+                      v as one tensor, a group per head of each) for a fused
                       scaled_dot_product_attention recomputed in backward (``core="sdpa"``)
 ====================  ===============================================================
 
@@ -354,33 +355,33 @@ class MesaReLU(_Pointwise):
 
 
 class _LayerNormFn(torch.autograd.Function):
-    """layer_norm with its input saved in 8 bits; the backward recomputes the statistics (mean,
-    1 / std) from the dequantized input and runs the backward kernel autograd runs for layer_norm
-    (aten's native_layer_norm and its backward, called directly: no autograd inside the
-    backward, so torch.compile traces it)."""
+    """layer_norm with its input saved in 8 bits and its statistics (mean and 1 / std, one pair a
+    row, as the forward computed them); the backward runs the kernel autograd runs for
+    layer_norm's backward at the dequantized input with those statistics (aten's
+    native_layer_norm and its backward, called directly: no autograd inside the backward, so
+    torch.compile traces it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, shape, eps, quant, dtype):
         xc = x.to(dtype)
         with torch.autocast(x.device.type, enabled=False):
-            y = F.layer_norm(xc, shape, _cast(weight, dtype), _cast(bias, dtype), eps)
+            y, mean, rstd = torch.ops.aten.native_layer_norm(
+                xc, list(shape), _cast(weight, dtype), _cast(bias, dtype), eps)
         packed = quant.pack(xc)
-        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.shape, ctx.eps = quant, dtype, x.dtype, shape, eps
+        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.shape = quant, dtype, x.dtype, shape
         ctx.n_packed = len(packed)
-        _stash(ctx, [*packed, weight, bias])
+        _stash(ctx, [*packed, mean, rstd, weight, bias])
         return y
 
     @staticmethod
     def backward(ctx, gy):
         saved = _unstash(ctx)
-        packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
+        packed, (mean, rstd, weight, bias) = saved[:ctx.n_packed], saved[ctx.n_packed:]
         xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
         w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
-        shape = list(ctx.shape)
         with torch.autocast(gy.device.type, enabled=False):
-            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, shape, w, b, ctx.eps)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy.to(ctx.dtype), xd, shape, mean, rstd, w, b,
+                gy.to(ctx.dtype), xd, list(ctx.shape), mean, rstd, w, b,
                 [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
                  b is not None and ctx.needs_input_grad[2]])
         gx = None if gx is None else gx.to(ctx.x_dtype)
@@ -390,9 +391,9 @@ class _LayerNormFn(torch.autograd.Function):
 
 
 class MesaLayerNorm(nn.LayerNorm):
-    """nn.LayerNorm saving its input in 8 bits (groups along the last dimension); the backward
-    recomputes mean and variance from the dequantized input (so the saved statistics, 8 bytes a
-    row, are not kept)."""
+    """nn.LayerNorm saving its input in 8 bits (groups along the last dimension) and the
+    forward's statistics (mean and 1 / std, 8 bytes a row in float32), which the backward reads
+    instead of computing them again."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None, dtype=None, *, groups: int = 1,
@@ -571,32 +572,37 @@ class MesaSoftmaxMatMul(nn.Module):
         return _SoftmaxMatMulFn.apply(s, v, self.quant_p, self.quant_v, _fp32(s), _low(s, v))
 
 
+def _split_heads(qkv: torch.Tensor, heads: int) -> tuple:
+    """q, k, v as [batch, heads, tokens, head_dim] views of the qkv projection's output
+    [batch, tokens, 3 C] (timm's layout: [batch, tokens, 3, heads, head_dim])."""
+    b, n, c3 = qkv.shape
+    return qkv.reshape(b, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
 class _SdpaFn(torch.autograd.Function):
-    """scaled_dot_product_attention(q, k, v) with q, k, v saved in 8 bits; the backward
-    recomputes the fused attention from the dequantized q, k, v and takes its exact backward."""
+    """scaled_dot_product_attention of the q, k, v packed in qkv (the projection's output, see
+    _split_heads), qkv saved in 8 bits as it lies: 3 heads groups of head_dim consecutive
+    channels, a head of q, k or v each, so no layout copy is made; the backward recomputes the
+    fused attention on views of the dequantized qkv and takes its exact backward, the gradient of
+    the packed tensor."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, quants, dtype):
-        with torch.autocast(q.device.type, enabled=False):
-            qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
-            y = F.scaled_dot_product_attention(qc, kc, vc, scale=scale)
-        packs = [qz.pack(t) for qz, t in zip(quants, (qc, kc, vc))]
-        ctx.quants, ctx.scale, ctx.dtype = quants, scale, dtype
-        ctx.lens = [len(p) for p in packs]
-        ctx.metas = [t.dtype for t in (q, k, v)]
-        ctx.save_for_backward(*packs[0], *packs[1], *packs[2])
+    def forward(ctx, qkv, heads, scale, quant, dtype):
+        qc = qkv.to(dtype)
+        with torch.autocast(qkv.device.type, enabled=False):
+            y = F.scaled_dot_product_attention(*_split_heads(qc, heads), scale=scale)
+        ctx.quant, ctx.heads, ctx.scale, ctx.dtype = quant, heads, scale, dtype
+        ctx.meta = qkv.dtype
+        ctx.save_for_backward(*quant.pack(qc))
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        saved, at, ins = ctx.saved_tensors, 0, []
-        for qz, n in zip(ctx.quants, ctx.lens):
-            ins.append(qz.unpack(saved[at:at + n], ctx.dtype).requires_grad_())
-            at += n
+        qd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype).requires_grad_()
         with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
-            y = F.scaled_dot_product_attention(*ins, scale=ctx.scale)
-            grads = torch.autograd.grad(y, ins, gy.to(y.dtype))
-        return (*(g.to(d) for g, d in zip(grads, ctx.metas)), None, None, None)
+            y = F.scaled_dot_product_attention(*_split_heads(qd, ctx.heads), scale=ctx.scale)
+            (g,) = torch.autograd.grad(y, [qd], gy.to(y.dtype))
+        return g.to(ctx.meta), None, None, None, None
 
 
 class MesaAttention(nn.Module):
@@ -604,7 +610,8 @@ class MesaAttention(nn.Module):
     backward reads kept in 8 bits, head-wise: the qkv input (``groups`` along channels), the
     proj input (one group per head's channels), and the attention core: ``core="explicit"``
     (the paper's): q and k of q k^T (per head), the softmax output and v (per head);
-    ``core="sdpa"``: q, k, v of a fused scaled_dot_product_attention, recomputed in backward."""
+    ``core="sdpa"``: the qkv projection's output (a group per head of q, k and v) of a fused
+    scaled_dot_product_attention, recomputed in backward."""
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, *,
                  core: str = "explicit", groups: int = 1, scale: Optional[float] = None,
@@ -626,9 +633,7 @@ class MesaAttention(nn.Module):
             self.qk = MesaMatMul(transpose_b=True, groups=h, dim=1, **quant)
             self.pv = MesaSoftmaxMatMul(groups=h, dim=1, **quant)
         else:
-            self.quant_q = ActQuantizer(h, 1, **quant)
-            self.quant_k = ActQuantizer(h, 1, **quant)
-            self.quant_v = ActQuantizer(h, 1, **quant)
+            self.quant_qkv = ActQuantizer(3 * h, -1, **quant)
 
     @classmethod
     def from_timm(cls, attn: nn.Module, core: str = "explicit", groups: int = 1,
@@ -655,20 +660,35 @@ class MesaAttention(nn.Module):
         new.train(attn.training)
         return new
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The core on [batch, heads, tokens, head_dim] tensors."""
+    def attend(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The core on the qkv projection's output [batch, tokens, 3 dim] (timm's layout,
+        [batch, tokens, 3, heads, head_dim]); returns [batch, heads, tokens, head_dim]."""
+        if qkv.dim() != 3 or qkv.shape[-1] != 3 * self.num_heads * self.head_dim:
+            raise ValueError(f"MesaAttention.attend: qkv of shape {tuple(qkv.shape)}; expected "
+                             f"[batch, tokens, {3 * self.num_heads * self.head_dim}]")
         if self.core == "explicit":
+            q, k, v = _split_heads(qkv, self.num_heads)
             return self.pv(self.qk(q * self.scale, k), v)
-        if not _needs_saving(self, q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return _SdpaFn.apply(q, k, v, self.scale, (self.quant_q, self.quant_k, self.quant_v),
-                             _low(q, k, v))
+        if not _needs_saving(self, qkv):
+            return F.scaled_dot_product_attention(*_split_heads(qkv, self.num_heads),
+                                                  scale=self.scale)
+        return _SdpaFn.apply(qkv, self.num_heads, self.scale, self.quant_qkv, _low(qkv))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A state_dict of the SDPA core from before q, k and v were saved as one tensor has
+        # quant_q, quant_k and quant_v (a group per head each): they are quant_qkv's groups in
+        # that order.
+        parts = [f"{prefix}quant_{n}." for n in "qkv"]
+        if self.core == "sdpa" and f"{prefix}quant_qkv.alpha" not in state_dict and \
+                all(f"{p}{key}" in state_dict for p in parts for key in ("alpha", "beta")):
+            for key in ("alpha", "beta"):
+                state_dict[f"{prefix}quant_qkv.{key}"] = torch.cat(
+                    [state_dict.pop(f"{p}{key}") for p in parts])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        x = self.attend(q, k, v).transpose(1, 2).reshape(b, n, c)
+        x = self.attend(self.qkv(x)).transpose(1, 2).reshape(b, n, c)
         x = self.proj(x)
         drop = getattr(self, "proj_drop", None)
         return drop(x) if drop is not None else x
@@ -705,8 +725,7 @@ class MesaTinyBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
-        a = self.attn.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        a = self.attn.attend(self.qkv(self.norm1(x)))
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
