@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--tiny-steps", type=int, default=500)
+    ap.add_argument("--tiny-steps", type=int, default=500, help="0 leaves the tiny MLP out")
     ap.add_argument("--checkpoint", action="store_true",
                     help="activation checkpointing of every block, in every configuration")
     ap.add_argument("--json", default=None)
@@ -236,7 +236,7 @@ def main() -> None:
             if r["ms_per_optimizer_step"] is not None:
                 r["optimizer_step_vs_fp32_master"] = (r["ms_per_optimizer_step"] /
                                                       ref["ms_per_optimizer_step"])
-    tiny = tiny_run(dev, args.tiny_steps)
+    tiny = tiny_run(dev, args.tiny_steps) if args.tiny_steps > 0 else None
     print(f"# {rows[0]['params']} parameters, batch {args.batch} x seq {args.seq}, {dev}"
           f"{', blocks checkpointed' if args.checkpoint else ''}")
     head = (f"{'config':44s} {'B/param':>7s} {'(w+r+state+grad)':>18s} {'held GB':>8s} "
@@ -255,10 +255,11 @@ def main() -> None:
         rs = f"{ratio:14.3f}" if ratio is not None else f"{'-':>14s}"
         print(f"{r['config']:44s} {r['bytes_per_param_total']:7.2f} {split:>18s} {held} {peak} {vs} "
               f"{r['ms_per_train_step']:9.2f} {om} {rs}")
-    print(f"# tiny MLP, {tiny['steps']} steps of AdamW lr {tiny['lr']}:")
-    for k, s in tiny["summary"].items():
-        print(f"#   {k:28s} final loss {s['final_loss']:.6f}  equal to fp32 master: "
-              f"{s['equal_to_fp32_master']}  max |loss diff| {s['max_abs_loss_diff']:.3g}")
+    if tiny is not None:
+        print(f"# tiny MLP, {tiny['steps']} steps of AdamW lr {tiny['lr']}:")
+        for k, s in tiny["summary"].items():
+            print(f"#   {k:28s} final loss {s['final_loss']:.6f}  equal to fp32 master: "
+                  f"{s['equal_to_fp32_master']}  max |loss diff| {s['max_abs_loss_diff']:.3g}")
     elapsed = time.perf_counter() - t0
     print(f"# {elapsed:.1f} s")
     if args.json:
