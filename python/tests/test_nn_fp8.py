@@ -76,9 +76,16 @@ def mm_np(a, a_op, b, b_op, bias, accumulation):
         b_block=blk[b_op.granularity](b_op) if b_op.granularity in blk else None)
 
 
-def delayed_q(history_row, fmt):
-    amax = F32(np.max(history_row))
-    return F32(1) if amax == 0 else F32(FP8_MAX[fmt]) / amax
+def delayed_q(history_row, fmt, most_recent=False):
+    """fp8_max / the largest (or newest) finite positive entry, 1 without one, at most
+    float32's largest value."""
+    row = np.asarray(history_row, F32)
+    usable = row[np.isfinite(row) & (row > 0)]
+    if usable.size == 0:
+        return F32(1)
+    amax = usable[0] if most_recent else F32(usable.max())
+    with np.errstate(over="ignore"):
+        return min(F32(FP8_MAX[fmt]) / amax, np.finfo(F32).max)
 
 
 @pytest.mark.parametrize("name", FP8_RECIPES)
@@ -140,6 +147,51 @@ def test_delayed_scaling_first_step_uses_scale_one_then_the_history():
     for _ in range(3):
         small(x).sum().backward()
     assert small.amax_history[0, 0] == small.amax_history[0, 1] == x.abs().max()
+
+
+@pytest.mark.parametrize("reduce", ["max", "most_recent"])
+def test_delayed_scales_pass_over_zero_nan_inf_and_tiny_amaxes(reduce):
+    """A history holding zeros, NaN, Inf (recorded from such tensors) and amaxes so small that
+    fp8_max / amax overflows: the scale comes from the finite positive entries, capped at
+    float32's largest value, and the layer keeps working on the next steps."""
+    r = lnn.fp8_recipe("tensorwise", "delayed", amax_history=5, amax_reduce=reduce)
+    nan, inf = float("nan"), float("inf")
+    for row in ([nan, inf, 0.0, 3.0, 7.0], [0.0, nan, 1e-38, 0.0, 0.0], [inf, nan, 0.0, 0.0, 0.0],
+                [0.0, 0.0, 0.0, 0.0, 0.0], [2.0, nan, 9.0, inf, 0.0]):
+        layer, x = layer_and_input(r, tokens=6)
+        with torch.no_grad():
+            layer.amax_history[0] = torch.tensor(row)
+            layer.amax_history[1] = torch.tensor(row[::-1])
+        f = layer.recipe.forward
+        qx = delayed_q(row, "e4m3fn", reduce == "most_recent")
+        qw = delayed_q(row[::-1], "e4m3fn", reduce == "most_recent")
+        y = layer(x)
+        want = mm_np(quantize_np(np_(x), f.a, qx), f.a, quantize_np(np_(layer.weight), f.b, qw),
+                     f.b, np_(layer.bias), None)
+        assert np.array_equal(np_(y), want), row
+    # Such tensors run: NaN gives NaN rows, Inf saturates (and both are recorded as they are),
+    # and a tiny or empty tensor records an amax the later steps pass over.
+    layer, x = layer_and_input(r, tokens=6)
+    x[1, 3], x[4, 0] = nan, inf
+    y = layer(x)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[4]).all()
+    assert torch.isnan(layer.amax_history[0, 0])
+    for t in (x[:0], torch.full_like(x, 1e-38), torch.randn_like(x)):
+        out = layer(t)
+        out.sum().backward()
+        assert out.shape == t.shape[:1] + (130,) and torch.isfinite(out).all()
+
+
+def test_the_history_stays_float32_under_to_dtype():
+    layer, x = layer_and_input("fp8_tensorwise_delayed", tokens=6)
+    layer(x).sum().backward()
+    before = layer.amax_history.clone()
+    layer.to(torch.bfloat16)
+    assert layer.weight.dtype == torch.bfloat16
+    assert layer.amax_history.dtype == torch.float32 and torch.equal(layer.amax_history, before)
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    layer.half()
+    assert layer.amax_history.dtype == torch.float32
 
 
 def test_eval_mode_reads_the_history_and_leaves_it():

@@ -8,6 +8,8 @@ CUDA against CPU (marker gpu)."""
 
 from __future__ import annotations
 
+import copy
+
 import subprocess
 import sys
 
@@ -320,12 +322,84 @@ def test_bad_input_is_refused():
                                          r"got shape \(3, 7\)"):
         layer(torch.randn(3, 7))
     with pytest.raises(TypeError, match=r"^input: dtype torch.bfloat16, but the layer's "
-                                        r"parameters are torch.float32"):
+                                        r"weight is torch.float32"):
         layer(torch.randn(3, 8, dtype=torch.bfloat16))
     wide = lnn.SwitchBackLinear(8, 4, dtype=torch.float64)
     with pytest.raises(TypeError, match=r"^input: dtype torch.float64 is not supported by "
                                         r"recipe switchback_int8"):
         wide(torch.randn(3, 8, dtype=torch.float64))
+    half_bias = lnn.SwitchBackLinear(8, 4)
+    half_bias.bias = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    with pytest.raises(TypeError, match=r"^input: dtype torch.float32, but the layer's bias is "
+                                        r"torch.float16"):
+        half_bias(torch.randn(3, 8))
+    meta = lnn.SwitchBackLinear(8, 4, device="meta")
+    with pytest.raises(ValueError, match=r"^input: on cpu, but the layer's weight is on meta"):
+        meta(torch.randn(3, 8))
+    # Integer and float64 inputs are left alone by autocast, as torch's autocast leaves them.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(TypeError, match=r"^input: dtype torch.int64, but the layer's weight"):
+            layer(torch.ones(3, 8, dtype=torch.int64))
+        plain64 = lnn.LowPrecisionLinear(8, 4, dtype=torch.float64)
+        assert plain64(torch.ones(3, 8, dtype=torch.float64)).dtype == torch.float64
+    for make in (lambda: lnn.LowPrecisionLinear(8, 4, recipe=None),
+                 lambda: lnn.Float8Linear(8, 4, recipe=None)):
+        with pytest.raises(TypeError, match=r"^recipe: expected a lowbit.nn.LinearRecipe or a "
+                                            r"recipe name, got None"):
+            make()
+    with pytest.raises(TypeError, match=r"^a: expected a lowbit.nn.Operand"):
+        lnn.Matmul("e4m3fn", "e4m3fn")
+    with pytest.raises(TypeError, match=r"^model: expected a torch.nn.Module, got int"):
+        lnn.convert(3)
+
+
+def test_meta_tensors_and_no_input_features_give_nn_linear_s_shapes():
+    meta = lnn.SwitchBackLinear(8, 4, device="meta")
+    y = meta(torch.empty(2, 5, 8, device="meta"))
+    assert y.shape == (2, 5, 4) and y.device.type == "meta"
+    torch.manual_seed(0)
+    empty = lnn.SwitchBackLinear(0, 4)
+    ref = torch.nn.Linear(0, 4)
+    ref.load_state_dict(empty.state_dict())
+    x = torch.zeros(3, 0, requires_grad=True)
+    assert torch.equal(empty(x), ref(x))
+    empty(x).sum().backward()
+    assert torch.equal(empty.bias.grad, torch.full((4,), 3.0))
+
+
+def test_strided_weight_and_bias_give_the_contiguous_bits():
+    layer, x = layer_and_input("switchback", lead=(6,))
+    dense = copy.deepcopy(layer)
+    layer.weight = torch.nn.Parameter(layer.weight.detach().t().contiguous().t())
+    bias = torch.zeros(2 * layer.out_features)
+    bias[::2] = layer.bias.detach()
+    layer.bias = torch.nn.Parameter(bias[::2])
+    assert not layer.weight.is_contiguous() and not layer.bias.is_contiguous()
+    assert torch.equal(layer(x), dense(x))
+
+
+def test_a_gradient_of_the_gradient_is_refused_not_dropped():
+    """The backward runs kernels on saved codes: differentiating its results again (a gradient
+    penalty) raises instead of silently leaving out the penalty's terms."""
+    layer, x = layer_and_input("switchback", lead=(6,))
+    x.requires_grad_(True)
+    (gx,) = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+        (layer(x).square().mean() + gx.square().sum()).backward()
+    # A plain backward, and create_graph without differentiating the layer's gradients, work.
+    (gx,) = torch.autograd.grad(layer(x).sum(), x, create_graph=True)
+    assert gx.shape == x.shape
+
+
+def test_convert_replaces_every_use_of_a_shared_linear():
+    shared = torch.nn.Linear(8, 8)
+    net = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
+    lnn.convert(net, "switchback_int8")
+    assert type(net[0]) is lnn.LowPrecisionLinear and net[2] is net[0]
+    assert net[0].weight is shared.weight
+    kept = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
+    lnn.convert(kept, "switchback_int8", filter=lambda name, m: name != "0")
+    assert type(kept[0]) is torch.nn.Linear and kept[2] is shared  # the first use decides
 
 
 @pytest.mark.parametrize("variant", INT8_VARIANTS + ["tensorwise"])

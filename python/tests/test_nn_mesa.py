@@ -685,3 +685,14 @@ def test_checkpoint_combines_with_mesa():
         assert torch.equal(v, b.state_dict()[k])
     checkpoint(c, x, use_reentrant=False).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in c.parameters())
+
+
+def test_a_gradient_of_the_gradient_is_refused_not_dropped():
+    """The backward reads 8-bit copies: differentiating its gradients again raises."""
+    torch.manual_seed(18)
+    for m, shape in ((mesa.MesaGELU(), (4, 16)), (mesa.MesaLinear(16, 8), (4, 16)),
+                     (mesa.MesaAttention(16, 2, core="sdpa"), (2, 5, 16))):
+        x = torch.randn(*shape, requires_grad=True)
+        (gx,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError, match="cannot be differentiated again"):
+            gx.square().sum().backward()

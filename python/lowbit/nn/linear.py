@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lowbit import _torch_ops as ops
+from lowbit.nn._autograd import differentiable_once
 from lowbit.nn.recipe import (
     IDENTITY,
     LinearRecipe,
@@ -78,20 +79,33 @@ def _accumulation(recipe: LinearRecipe, op: Operand) -> str:
     return str(recipe.accumulation)
 
 
+_FLT_MAX = float(torch.finfo(torch.float32).max)
+
+
 def _delayed_scale(recipe: LinearRecipe, history: torch.Tensor, tensor: str,
                    t: torch.Tensor) -> Optional[torch.Tensor]:
     """Delayed scaling of `tensor` (X, W or G): the multiplier q = fp8_max / amax from the
-    history of earlier steps (1 where it holds no nonzero amax), then t's own amax pushed into
-    the history (row 0 newest; all-reduced first with recipe.reduce_amax). None if `tensor` is
-    not delayed-scaled."""
+    history of earlier steps, then t's own amax pushed into the history (row 0 newest;
+    all-reduced first with recipe.reduce_amax). amax is the largest entry (or the newest, with
+    amax_reduce="most_recent") that is finite and positive: zeros (no step yet, or an all-zero
+    or empty tensor), NaN and Inf are recorded but never set a scale, and q is 1 while no entry
+    qualifies; q is capped at float32's largest value (an amax below fp8_max / FLT_MAX would
+    overflow it). None if `tensor` is not delayed-scaled."""
     if history is None or not recipe.delayed(tensor):
         return None
     fmt = recipe.delayed_format(tensor)
     row = history[_HISTORY_ROW[tensor]]
-    amax = row.amax() if recipe.amax_reduce == "max" else row[0]
-    q = torch.where(amax > 0, torch.full_like(amax, _FP8_MAX[fmt]) / amax,
-                    torch.ones_like(amax))
-    now = t.detach().abs().amax().to(torch.float32)
+    usable = torch.isfinite(row) & (row > 0)
+    if recipe.amax_reduce == "max":
+        amax = torch.where(usable, row, torch.zeros_like(row)).amax()
+    else:  # the newest usable entry (argmax gives the first of equal maxima)
+        newest = usable.to(torch.int8).argmax().reshape(1)
+        amax = torch.where(usable.gather(0, newest), row.gather(0, newest),
+                           torch.zeros_like(row[:1])).reshape(())
+    q = torch.where(amax > 0, torch.clamp(torch.full_like(amax, _FP8_MAX[fmt]) / amax,
+                                          max=_FLT_MAX), torch.ones_like(amax))
+    now = t.detach().abs().amax().to(torch.float32) if t.numel() else \
+        torch.zeros((), dtype=torch.float32, device=row.device)
     if recipe.reduce_amax and torch.distributed.is_available() and \
             torch.distributed.is_initialized():
         torch.distributed.all_reduce(now, op=torch.distributed.ReduceOp.MAX)
@@ -137,6 +151,7 @@ class LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         recipe: LinearRecipe = ctx.recipe
         n_q = sum(ctx.q_of)
@@ -189,9 +204,14 @@ class LinearFunction(torch.autograd.Function):
 RecipeLike = Union[LinearRecipe, str]
 
 
-def _recipe(recipe: Optional[RecipeLike], kwargs: dict[str, Any]) -> LinearRecipe:
+def _recipe(recipe: Optional[RecipeLike], kwargs: dict[str, Any],
+            keywords: bool = False) -> LinearRecipe:
+    """The recipe a layer or convert() asked for; with ``keywords`` (convert), None means
+    SwitchBack's recipe of the keyword arguments."""
     if recipe is None:
-        return switchback_recipe(**kwargs)
+        if keywords:
+            return switchback_recipe(**kwargs)
+        raise TypeError("recipe: expected a lowbit.nn.LinearRecipe or a recipe name, got None")
     if kwargs:
         raise TypeError(f"recipe: given, so the keywords {sorted(kwargs)} have nothing to "
                         "configure; pass one or the other")
@@ -242,20 +262,44 @@ class LowPrecisionLinear(nn.Linear):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        # .to(dtype), .half(), .bfloat16() cast floating buffers: amax_history stays float32
+        # (the scales are float32), moved to wherever the others went.
+        history = self.amax_history
+        out = super()._apply(fn, recurse)
+        if history is not None and self.amax_history is not None and \
+                self.amax_history.dtype != torch.float32:
+            self.amax_history = history.to(device=self.amax_history.device, dtype=torch.float32)
+        return out
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if input.shape[-1:] != (self.in_features,):
             raise ValueError(f"input: expected a last dimension of in_features="
                              f"{self.in_features}, got shape {tuple(input.shape)}")
         weight, bias = self.weight, self.bias
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None and t.device != input.device:
+                raise ValueError(f"input: on {input.device}, but the layer's {name} is on "
+                                 f"{t.device}; move one of them")
+        if input.device.type == "meta" or self.in_features == 0:
+            # Shapes only (meta tensors), or sums of no products: what nn.Linear gives, which
+            # no quantization changes.
+            return torch.nn.functional.linear(input, weight, bias)
         device = input.device.type
-        if torch.is_autocast_enabled(device):
+        if torch.is_autocast_enabled(device) and input.is_floating_point() and \
+                input.dtype != torch.float64:
+            # autocast's own rule for linear: floating tensors other than float64 are cast
             dtype = torch.get_autocast_dtype(device)
-            input, weight = input.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
+            input = input.to(dtype)
+            if weight.dtype != torch.float64:
+                weight = weight.to(dtype)
+            if bias is not None and bias.dtype != torch.float64:
+                bias = bias.to(dtype)
         dtype = input.dtype
-        if weight.dtype != dtype or (bias is not None and bias.dtype != dtype):
-            raise TypeError(f"input: dtype {dtype}, but the layer's parameters are "
-                            f"{weight.dtype}; convert one of them (or use torch.autocast)")
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None and t.dtype != dtype:
+                raise TypeError(f"input: dtype {dtype}, but the layer's {name} is {t.dtype}; "
+                                "convert one of them (or use torch.autocast)")
         quantized = self.recipe.forward.quantized or self.recipe.grad_input.quantized or \
             self.recipe.grad_weight.quantized
         if quantized and dtype not in _DTYPES:
@@ -263,6 +307,8 @@ class LowPrecisionLinear(nn.Linear):
                             f"{self.recipe.name}; expected float32, bfloat16 or float16")
         lead = input.shape[:-1]
         x = input.reshape(-1, self.in_features).contiguous()
+        weight = weight.contiguous()
+        bias = None if bias is None else bias.contiguous()
         history = self.amax_history
         if history is None and any(self.recipe.delayed(t) for t in _HISTORY_ROW):
             raise RuntimeError(f"recipe {self.recipe.name} scales with delayed scaling but the "
@@ -362,7 +408,9 @@ def convert(model: nn.Module, recipe: Optional[RecipeLike] = None, *,
         SwitchBackLinear's keywords (variant, fmt, backend).
     filter: called with each candidate's qualified name ("encoder.0.fc1") and module.
     """
-    rec = _recipe(recipe, kwargs)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    rec = _recipe(recipe, kwargs, keywords=True)
     if filter is not None and not callable(filter):
         raise TypeError(f"filter: expected a callable (name, module) -> bool, got "
                         f"{type(filter).__name__}")
@@ -372,17 +420,27 @@ def convert(model: nn.Module, recipe: Optional[RecipeLike] = None, *,
 
     if wanted("", model):
         return LowPrecisionLinear.from_linear(model, rec)  # type: ignore[arg-type]
-    # In the order of named_modules(); a module reached twice (shared) is visited once.
+    # In the order of named_modules(); a module reached twice (shared) is visited once, and a
+    # shared nn.Linear becomes one shared layer wherever it is used (the filter sees the name
+    # of its first use).
     visited: set[int] = set()
+    done: dict[int, nn.Module] = {}
 
     def swap(parent: nn.Module, prefix: str) -> None:
-        for child_name, child in list(parent.named_children()):
+        # _modules, not named_children(), which leaves out a module's second use
+        for child_name, child in list(parent._modules.items()):
+            if child is None:
+                continue
             full = f"{prefix}.{child_name}" if prefix else child_name
-            if wanted(full, child):
-                setattr(parent, child_name, LowPrecisionLinear.from_linear(child, rec))
+            if id(child) in done:
+                setattr(parent, child_name, done[id(child)])
             elif id(child) not in visited:
                 visited.add(id(child))
-                swap(child, full)
+                if wanted(full, child):
+                    done[id(child)] = LowPrecisionLinear.from_linear(child, rec)
+                    setattr(parent, child_name, done[id(child)])
+                else:
+                    swap(child, full)
 
     swap(model, "")
     return model

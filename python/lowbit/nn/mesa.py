@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lowbit import _torch_ops as _ops
+from lowbit.nn._autograd import differentiable_once
 
 __all__ = [
     "ActQuantizer",
@@ -211,6 +212,7 @@ class _LinearFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         saved = _unstash(ctx)
         packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
@@ -272,6 +274,7 @@ class _PointwiseFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
         with torch.autocast(gy.device.type, enabled=False):
@@ -334,6 +337,7 @@ class _ReLUFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
         return gy * (xd > 0).to(gy.dtype), None
@@ -374,6 +378,7 @@ class _LayerNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         saved = _unstash(ctx)
         packed, (mean, rstd, weight, bias) = saved[:ctx.n_packed], saved[ctx.n_packed:]
@@ -438,6 +443,7 @@ class _SoftmaxFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         yd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
         with torch.autocast(gy.device.type, enabled=False):
@@ -490,6 +496,7 @@ class _MatMulFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         saved = ctx.saved_tensors
         pa, pb = saved[:ctx.na], saved[ctx.na:]
@@ -541,6 +548,7 @@ class _SoftmaxMatMulFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         saved = ctx.saved_tensors
         pp, pv = saved[:ctx.np], saved[ctx.np:]
@@ -597,6 +605,7 @@ class _SdpaFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @differentiable_once
     def backward(ctx, gy):
         qd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype).requires_grad_()
         with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):

@@ -94,6 +94,13 @@ class Matmul:
     a: Operand = field(default_factory=Operand)
     b: Operand = field(default_factory=Operand)
 
+    def __post_init__(self) -> None:
+        for name in ("a", "b"):
+            op = getattr(self, name)
+            if not isinstance(op, Operand):
+                raise TypeError(f"{name}: expected a lowbit.nn.Operand (e.g. "
+                                f"Operand('e4m3fn', 'rows')), got {type(op).__name__}")
+
     @property
     def quantized(self) -> bool:
         return self.a.fmt is not None
