@@ -4,6 +4,7 @@
 #include <lowbit/kernels/optim.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "../common/device_check.hpp"
@@ -45,6 +46,14 @@ bool optimizer_state_signed(optimizer o, int k) {
 
 namespace {
 
+// A hyper-parameter as a message shows it: the shortest of %.9g's digits, so that -1e-08 does
+// not read as -0.000000 (std::to_string's fixed six decimals).
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
 std::string at(std::int64_t j, const char* what) {
   return "tensors[" + std::to_string(j) + "]." + what;
 }
@@ -54,20 +63,20 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   const auto in = [&](double v, double lo, double hi, bool hi_open, const char* what) {
     require(std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi), errc::invalid_argument,
             [&] {
-              return name + what + " = " + std::to_string(v) + " is outside [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + (hi_open ? ")" : "]");
+              return name + what + " = " + num(v) + " is outside [" +
+                     num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
             });
   };
   require(std::isfinite(h.lr) && h.lr >= 0.0, errc::invalid_argument,
-          [&] { return name + "lr = " + std::to_string(h.lr) + " must be finite and >= 0"; });
+          [&] { return name + "lr = " + num(h.lr) + " must be finite and >= 0"; });
   require(std::isfinite(h.weight_decay) && h.weight_decay >= 0.0, errc::invalid_argument, [&] {
-    return name + "weight_decay = " + std::to_string(h.weight_decay) + " must be finite and >= 0";
+    return name + "weight_decay = " + num(h.weight_decay) + " must be finite and >= 0";
   });
   require(h.step >= 1, errc::invalid_argument, [&] {
     return name + "step = " + std::to_string(h.step) + " must be >= 1 (the step being taken)";
   });
   require(std::isfinite(h.eps) && h.eps >= 0.0, errc::invalid_argument,
-          [&] { return name + "eps = " + std::to_string(h.eps) + " must be finite and >= 0"; });
+          [&] { return name + "eps = " + num(h.eps) + " must be finite and >= 0"; });
   switch (o) {
   case optimizer::adam:
   case optimizer::adamw:
@@ -101,13 +110,13 @@ void check_hparams(optimizer o, const optim_hparams& h) {
     });
   if (o == optimizer::lamb || o == optimizer::lars)
     require(!std::isnan(h.max_trust_ratio) && h.max_trust_ratio > 0.0, errc::invalid_argument, [&] {
-      return name + "max_trust_ratio = " + std::to_string(h.max_trust_ratio) +
+      return name + "max_trust_ratio = " + num(h.max_trust_ratio) +
              " must be > 0 (infinity: no clamp)";
     });
   if (o == optimizer::lars)
     require(std::isfinite(h.trust_coefficient) && h.trust_coefficient > 0.0, errc::invalid_argument,
             [&] {
-              return name + "trust_coefficient = " + std::to_string(h.trust_coefficient) +
+              return name + "trust_coefficient = " + num(h.trust_coefficient) +
                      " must be finite and > 0";
             });
 }

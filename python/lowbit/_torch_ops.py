@@ -205,6 +205,9 @@ def _(x: torch.Tensor, fmt: str, block: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _quantize_scaled(x: torch.Tensor, q: torch.Tensor, fmt: str) -> torch.Tensor:
+    if q.numel() != 1:
+        raise ValueError(f"q: expected one multiplier (a tensor of one element), got shape "
+                         f"{tuple(q.shape)}")
     x = x.detach()
     with _on_device(x.device):
         return _core.cast_scaled(x, q.detach().reshape(1), _fmt(fmt), _policy(), None,
@@ -245,8 +248,12 @@ def _accumulation(spec: str) -> Optional[list[int]]:
     return f
 
 
-def _block(b: Optional[list[int]]) -> tuple[int, int]:
-    return (0, 0) if b is None else (int(b[0]), int(b[1]))
+def _block(b: Optional[list[int]], name: str) -> tuple[int, int]:
+    if b is None:
+        return (0, 0)
+    if len(b) != 2:
+        raise ValueError(f"{name}: expected [block_rows, block_k], got {list(b)!r}")
+    return (int(b[0]), int(b[1]))
 
 
 def _scaled_mm(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Tensor,
@@ -262,7 +269,7 @@ def _scaled_mm(a: torch.Tensor, a_scales: torch.Tensor, a_fmt: str, b: torch.Ten
                                    None if bias is None else bias.detach(),
                                    _DTYPE_NAMES[out_dtype], None, backend, _allocator(a.device),
                                    0, _stream(a.device), _accumulation(accumulation),
-                                   _block(a_block), _block(b_block))
+                                   _block(a_block, "a_block"), _block(b_block, "b_block"))
 
 
 scaled_mm = _register(_scaled_mm)

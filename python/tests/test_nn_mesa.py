@@ -164,39 +164,37 @@ def test_pointwise_backward_is_exact_on_dequantized_input(cls, fn):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_layernorm_backward_is_exact_on_dequantized_input_and_saved_statistics():
+def test_layernorm_backward_is_exact_on_dequantized_input():
     torch.manual_seed(2)
     ln = torch.nn.LayerNorm(32)
     with torch.no_grad():
         ln.weight.uniform_(0.5, 1.5)
         ln.bias.uniform_(-0.5, 0.5)
     m = mesa.MesaLayerNorm.from_layernorm(ln, groups=2)
-    x = torch.randn(3, 5, 32, requires_grad=True) * 3 + 1
+    x = torch.randn(3, 5, 32, requires_grad=True)
     st = {k[len("quant."):]: v for k, v in states(m).items() if k.startswith("quant.")}
     y = m(x)
     assert torch.equal(y, ln(x))
     gy = torch.randn_like(y)
     got = grads(y, [x, m.weight, m.bias], gy)
-    xd = dequantized(m.quant, x, st)
-    # The statistics are the forward's, of x itself, not of the dequantized input.
-    _, mean, rstd = torch.ops.aten.native_layer_norm(x.detach(), [32], ln.weight, ln.bias, 1e-5)
-    want = torch.ops.aten.native_layer_norm_backward(gy, xd, [32], mean, rstd, ln.weight.detach(),
-                                                     ln.bias.detach(), [True, True, True])
+    xd = dequantized(m.quant, x, st).requires_grad_()
+    want = grads(torch.nn.functional.layer_norm(xd, (32,), ln.weight, ln.bias), [xd, ln.weight,
+                                                                                  ln.bias], gy)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
-    # The same backward written out in float64: xn = (xd - mean) rstd, gxn = gy w,
-    # gx = rstd (gxn - mean(gxn) - xn mean(gxn xn)), gw = sum gy xn, gb = sum gy.
-    xn = (xd.double() - mean.double()) * rstd.double()
-    gxn = gy.double() * ln.weight.double()
-    gx = rstd.double() * (gxn - gxn.mean(-1, keepdim=True)
-                          - xn * (gxn * xn).mean(-1, keepdim=True))
-    formula = (gx, (gy.double() * xn).sum((0, 1)), gy.double().sum((0, 1)))
-    for g, w in zip(got, formula):
-        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
-    # and that differs from the backward with statistics recomputed from the dequantized input
-    xr = xd.clone().requires_grad_()
-    (other,) = grads(torch.nn.functional.layer_norm(xr, (32,), ln.weight, ln.bias), [xr], gy)
-    assert not torch.equal(got[0], other)
+    # A constant row (a padding token) and a row of tiny spread among rows of large ones: the
+    # gradient of the constant row is exact (recomputed statistics normalize what the backward
+    # reads; the forward's would multiply its quantization error by 1 / sqrt(eps)).
+    x = torch.randn(4, 32) * 10
+    x[1] = 0.0
+    x[2] = 3.0 + 1e-3 * torch.randn(32)
+    x.requires_grad_(True)
+    m = mesa.MesaLayerNorm.from_layernorm(ln)
+    gy = torch.randn(4, 32)
+    (got,) = grads(m(x), [x], gy)
+    (want,) = grads(ln(x), [x], gy)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+    assert got[2].abs().max() < 10 * want[2].abs().max()
 
 
 def test_softmax_backward_is_exact_on_dequantized_output():

@@ -30,6 +30,14 @@ class StableEmbedding(torch.nn.Embedding):
         self.norm = torch.nn.LayerNorm(embedding_dim, device=device, dtype=dtype)
         override(self.weight, bits=32)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy rebuilds the module from its state, and torch's Parameter.__deepcopy__
+        # drops the parameter's attributes: the copy's weight is marked again.
+        super().__setstate__(state)
+        weight = self.__dict__.get("_parameters", {}).get("weight")
+        if weight is not None and not hasattr(weight, "_lowbit_optim"):
+            override(weight, bits=32)
+
     def reset_parameters(self) -> None:
         torch.nn.init.xavier_uniform_(self.weight)
         self._fill_padding_idx_with_zero()

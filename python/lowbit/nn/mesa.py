@@ -13,7 +13,7 @@ module                saves for backward (8-bit codes + G floats of alpha, beta)
 MesaLinear            its input
 MesaGELU, MesaSiLU    their input
 MesaReLU              its input (the sign is all the backward needs: code > code of 0)
-MesaLayerNorm         its input, and the statistics (mean, 1 / std) of each row
+MesaLayerNorm         its input; the statistics are recomputed from it in backward
 MesaSoftmax           its output
 MesaMatMul            both operands of a @ b (or a @ b^T)
 MesaSoftmaxMatMul     softmax(s) @ v: the softmax output once (both backwards read it) and v
@@ -359,34 +359,34 @@ class MesaReLU(_Pointwise):
 
 
 class _LayerNormFn(torch.autograd.Function):
-    """layer_norm with its input saved in 8 bits and its statistics (mean and 1 / std, one pair a
-    row, as the forward computed them); the backward runs the kernel autograd runs for
-    layer_norm's backward at the dequantized input with those statistics (aten's
-    native_layer_norm and its backward, called directly: no autograd inside the backward, so
-    torch.compile traces it)."""
+    """layer_norm with its input saved in 8 bits; the backward recomputes the statistics (mean,
+    1 / std) from the dequantized input and runs the backward kernel autograd runs for layer_norm
+    (aten's native_layer_norm and its backward, called directly: no autograd inside the
+    backward, so torch.compile traces it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, shape, eps, quant, dtype):
         xc = x.to(dtype)
         with torch.autocast(x.device.type, enabled=False):
-            y, mean, rstd = torch.ops.aten.native_layer_norm(
-                xc, list(shape), _cast(weight, dtype), _cast(bias, dtype), eps)
+            y = F.layer_norm(xc, shape, _cast(weight, dtype), _cast(bias, dtype), eps)
         packed = quant.pack(xc)
-        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.shape = quant, dtype, x.dtype, shape
+        ctx.quant, ctx.dtype, ctx.x_dtype, ctx.shape, ctx.eps = quant, dtype, x.dtype, shape, eps
         ctx.n_packed = len(packed)
-        _stash(ctx, [*packed, mean, rstd, weight, bias])
+        _stash(ctx, [*packed, weight, bias])
         return y
 
     @staticmethod
     @differentiable_once
     def backward(ctx, gy):
         saved = _unstash(ctx)
-        packed, (mean, rstd, weight, bias) = saved[:ctx.n_packed], saved[ctx.n_packed:]
+        packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
         xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
         w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
+        shape = list(ctx.shape)
         with torch.autocast(gy.device.type, enabled=False):
+            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, shape, w, b, ctx.eps)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy.to(ctx.dtype), xd, list(ctx.shape), mean, rstd, w, b,
+                gy.to(ctx.dtype), xd, shape, mean, rstd, w, b,
                 [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
                  b is not None and ctx.needs_input_grad[2]])
         gx = None if gx is None else gx.to(ctx.x_dtype)
@@ -396,9 +396,11 @@ class _LayerNormFn(torch.autograd.Function):
 
 
 class MesaLayerNorm(nn.LayerNorm):
-    """nn.LayerNorm saving its input in 8 bits (groups along the last dimension) and the
-    forward's statistics (mean and 1 / std, 8 bytes a row in float32), which the backward reads
-    instead of computing them again."""
+    """nn.LayerNorm saving its input in 8 bits (groups along the last dimension); the backward
+    recomputes mean and variance from the dequantized input. The forward's statistics (8 bytes
+    a row) are not kept: with them the normalized input (dequantized - mean) / std would carry
+    the quantization error over std, unbounded for rows of small variance (padding tokens,
+    constant rows), where recomputed statistics normalize what the backward reads."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None, dtype=None, *, groups: int = 1,

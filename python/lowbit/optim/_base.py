@@ -52,6 +52,8 @@ _KEYWORD_ARGS = ("max_trust_ratio", "trust_coefficient", "adapt", "bias_correcti
 # master_weights: the residual's bits and storage dtype.
 _MASTER = {"residual16": (16, torch.int16), "residual8": (8, torch.int8)}
 _RESIDUAL_BITS = {torch.int16: 16, torch.int8: 8}
+# A param group's settings of how states are stored: the optimizer's own, kept by load_state_dict.
+_STORAGE_KEYS = ("bits", "min_8bit_size", "master_weights")
 
 
 def _check_master(master: Any) -> None:
@@ -122,6 +124,10 @@ def residual_join(weight: torch.Tensor, residual: torch.Tensor,
         raise TypeError(f"residual_join: residual dtype {residual.dtype}; expected int16 or int8")
     if bits is None:
         bits = _RESIDUAL_BITS[residual.dtype]
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16 or \
+            (bits > 8) != (residual.dtype == torch.int16):
+        raise ValueError(f"residual_join: bits={bits!r} with a {residual.dtype} residual; "
+                         "expected 1..8 for int8, 9..16 for int16 (residual_split's dtypes)")
     if residual.shape != weight.shape or residual.device != weight.device:
         raise ValueError("residual_join: weight and residual differ in shape or device")
     w = weight.detach().contiguous()
@@ -141,12 +147,24 @@ def override(param: torch.Tensor, **config: Any) -> torch.Tensor:
     if unknown:
         raise TypeError(f"override: unknown setting(s) {sorted(unknown)}; expected bits, "
                         "min_8bit_size")
-    if "bits" in config and config["bits"] not in (8, 32):
-        raise ValueError(f"override: bits={config['bits']!r}; expected 8 or 32")
+    if "bits" in config:
+        _check_bits(config["bits"])
+    if "min_8bit_size" in config:
+        _check_min_8bit_size(config["min_8bit_size"])
     current = dict(getattr(param, _OVERRIDE_ATTR, {}))
     current.update(config)
     setattr(param, _OVERRIDE_ATTR, current)
     return param
+
+
+def _check_bits(bits: Any) -> None:
+    if isinstance(bits, bool) or bits not in (8, 32):
+        raise ValueError(f"bits={bits!r}; expected 8 or 32")
+
+
+def _check_min_8bit_size(n: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"min_8bit_size={n!r}; expected an int >= 0")
 
 
 def _check_percentile(q: Any) -> None:
@@ -179,16 +197,17 @@ class LowbitOptimizer(torch.optim.Optimizer):
                  block_size: int, min_8bit_size: int, stochastic_rounding: bool,
                  seed: Optional[int], percentile_clipping: int = 100,
                  master_weights: Optional[str] = None) -> None:
-        if bits not in (8, 32):
-            raise ValueError(f"bits={bits!r}; expected 8 or 32")
-        if block_size not in (256, 2048):
+        _check_bits(bits)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or \
+                block_size not in (256, 2048):
             raise ValueError(f"block_size={block_size!r}; expected 256 or 2048")
-        if not isinstance(min_8bit_size, int) or min_8bit_size < 0:
-            raise ValueError(f"min_8bit_size={min_8bit_size!r}; expected an int >= 0")
+        _check_min_8bit_size(min_8bit_size)
         _check_percentile(percentile_clipping)
         _check_master(master_weights)
         if seed is None:
             seed = int(torch.initial_seed()) & 0xFFFFFFFFFFFFFFFF
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+            raise ValueError(f"seed={seed!r}; expected None or an int in [0, 2**64)")
         defaults = dict(defaults, bits=bits, min_8bit_size=min_8bit_size,
                         percentile_clipping=percentile_clipping, master_weights=master_weights)
         super().__init__(params, defaults)
@@ -206,6 +225,18 @@ class LowbitOptimizer(torch.optim.Optimizer):
         # from.
         self._fields: dict[torch.Tensor, tuple[tuple[Any, ...], tuple[Any, ...],
                                                tuple[Any, ...]]] = {}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        g = self.param_groups[-1]
+        try:  # the group's storage settings, which the constructor checked for the defaults
+            _check_bits(g["bits"])
+            _check_min_8bit_size(g["min_8bit_size"])
+            _check_percentile(g["percentile_clipping"])
+            _check_master(g.get("master_weights"))
+        except ValueError:
+            self.param_groups.pop()
+            raise
 
     @property
     def skipped_blocks(self) -> Any:
@@ -364,7 +395,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def _step_group(self, group: dict[str, Any],
                     params: Optional[Iterable[torch.Tensor]] = None) -> None:
         """Steps the group's parameters that have a gradient (``params``: only these)."""
-        _check_master(group.get("master_weights"))
+        master = group.get("master_weights")
+        _check_master(master)
         specs = self._group_states(group)
         q = group.get("percentile_clipping", 100)
         if q != 100:
@@ -374,6 +406,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         buckets: dict[tuple[Any, int], list[tuple[Any, ...]]] = {}
         keep: list[Any] = []  # what the raw pointers point into, until the calls return
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        steps: dict[int, tuple[dict[str, Any], int]] = {}  # by state: the state, its new step
         empty = 0  # empty shards, counted as items for the Philox offset (the same on all ranks)
         for p in group["params"] if params is None else params:
             grad = p.grad
@@ -386,18 +419,27 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if first:  # refused before its states are made
                 _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
                 st = self._init_state(p, group)
+            elif master is not None and "residual" not in st and p.dtype != torch.float32:
+                # a parameter made 16-bit after its first step: its value taken as exact
+                st["residual"] = torch.zeros(p.shape, dtype=_MASTER[master][1], device=p.device)
             param = _dist.local(p)  # a DTensor's (FSDP2's) local shard, else p itself
             n, code, ptrs, eight, rptr, rbits, objs, sharded = self._plan(p, param, st, specs)
             if sharded and not first:  # a group's settings may have changed since
                 _dist.check_step(p, self._kernel, group, self.stochastic_rounding, who)
-            step = st["step"] = int(st["step"]) + 1
+            # Counted once the calls have run (a refused call leaves every count as it was);
+            # a parameter listed twice is stepped twice, as torch's optimizers do.
+            step = steps.get(id(st), (st, int(st["step"])))[1] + 1
+            steps[id(st)] = (st, step)
+            grad = _dist.local(grad)
+            if grad.shape != param.shape:  # the kernel reads the parameter's size of it
+                raise RuntimeError(f"{who}: a gradient of shape {tuple(grad.shape)} for a "
+                                   f"parameter of shape {tuple(param.shape)}")
             if n == 0:  # an empty shard: nothing to update
                 empty += 1
                 continue
             if not param.is_contiguous():
                 param = param.detach().contiguous()
                 copies.append((p, param))
-            grad = _dist.local(grad)
             device = param.device
             if grad.device != device:
                 raise RuntimeError(f"{who}: a gradient on {grad.device} for a parameter on "
@@ -407,7 +449,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if not grad.is_contiguous():
                 grad = grad.contiguous()
             if q != 100:
-                grad = self._clipped(st, grad, q)
+                grad = self._clipped(st, grad, q, step)
             keep.append((param, grad, objs))
             buckets.setdefault((device, step), []).append(
                 (param.data_ptr(), grad.data_ptr(), *ptrs, n, code, eight, rptr, rbits))
@@ -435,6 +477,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
                                    "CUDA only)")
             self.rng_offset += streams * len(items)
         self.rng_offset += streams * empty
+        for st, step in steps.values():
+            st["step"] = step
         for p, param in copies:
             _dist.local(p).copy_(param)
         del keep
@@ -486,14 +530,16 @@ class LowbitOptimizer(torch.optim.Optimizer):
             return p.detach().float()
         return residual_join(p.detach(), r)
 
-    def _clipped(self, st: dict[str, Any], grad: torch.Tensor, q: int) -> torch.Tensor:
-        """The gradient scaled by percentile clipping (a new tensor: p.grad is left as it is)."""
+    def _clipped(self, st: dict[str, Any], grad: torch.Tensor, q: int,
+                 step: int) -> torch.Tensor:
+        """The gradient of step `step` scaled by percentile clipping (a new tensor: p.grad is
+        left as it is)."""
         hist = st.get("gnorm_history")
         if hist is None or hist.device != grad.device:
             hist = torch.full((_HISTORY,), float("nan"), dtype=torch.float32, device=grad.device)
             st["gnorm_history"] = hist
         norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-        slot = (int(st["step"]) - 1) % _HISTORY
+        slot = (step - 1) % _HISTORY
         # A non-finite norm is not recorded (NaN marks the slot empty): one bad gradient, whose
         # blocks the kernel skips anyway, must not set the clip value of the next 100 steps.
         hist[slot] = torch.where(torch.isfinite(norm), norm, torch.nan)
@@ -503,8 +549,11 @@ class LowbitOptimizer(torch.optim.Optimizer):
         rank = torch.clamp((count * q + 99) // 100 - 1, min=0)  # nearest rank: ceil(q n / 100)
         # gather, not ordered[rank]: indexing with a 0-d tensor reads it on the host (a sync).
         clip = ordered.gather(0, rank.reshape(1)).reshape(())
-        # Nothing recorded (clip NaN) or a norm within the clip value: scale 1.
-        scale = torch.where(norm > clip, clip / norm, torch.ones_like(norm))
+        # Nothing recorded (clip NaN), a norm within the clip value, or a non-finite norm (an
+        # Inf or NaN element, or squares beyond float32: the kernel skips the blocks that hold
+        # one, the others step unscaled): scale 1.
+        scale = torch.where(torch.isfinite(norm) & (norm > clip), clip / norm,
+                            torch.ones_like(norm))
         if grad.dtype == torch.float32:
             return grad * scale
         return (grad.float() * scale).to(grad.dtype)
@@ -562,43 +611,74 @@ class LowbitOptimizer(torch.optim.Optimizer):
         sd = {k: v for k, v in state_dict.items() if k != "lowbit"}
         saved = sd["state"]
         originals = {k: dict(v) for k, v in saved.items()}
-        super().load_state_dict(sd)
-        for group in self.param_groups:  # a torch optimizer's groups lack lowbit's settings
-            group.pop("lowbit", None)
-            for k, v in self.defaults.items():
-                group.setdefault(k, v)
-        saved_ids = itertools.chain.from_iterable(g["params"] for g in sd["param_groups"])
-        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
-        owner = {id(p): g for g in self.param_groups for p in g["params"]}
-        for pid, p in zip(saved_ids, params):
-            if pid not in originals:
-                continue
-            self._adopt(p, owner[id(p)], originals[pid], saved_block)
+        # What this optimizer keeps, not what the checkpoint's groups say: the states' storage
+        # (bits, min_8bit_size, master_weights) is this optimizer's choice, and the states are
+        # converted to it; the hyper-parameters (lr, betas, ...) are the checkpoint's.
+        storage = [{k: g[k] for k in _STORAGE_KEYS if k in g} for g in self.param_groups]
+        # A refused load leaves the optimizer as it was.
+        before = (self.state, self.param_groups)
+        try:
+            super().load_state_dict(sd)
+            for group, keep in zip(self.param_groups, storage):
+                group.pop("lowbit", None)  # a torch optimizer's groups lack lowbit's settings
+                for k, v in self.defaults.items():
+                    group.setdefault(k, v)
+                group.update(keep)
+            saved_ids = itertools.chain.from_iterable(g["params"] for g in sd["param_groups"])
+            params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+            owner = {id(p): g for g in self.param_groups for p in g["params"]}
+            for index, (pid, p) in enumerate(zip(saved_ids, params)):
+                if pid not in originals:
+                    continue
+                self._adopt(p, owner[id(p)], originals[pid], saved_block, index)
+        except Exception:
+            self.state, self.param_groups = before
+            raise
+        self._fields = {}
         if "rng_offset" in extra:
             self.rng_offset = int(extra["rng_offset"])
             self.seed = int(extra["seed"])
         self.skipped_blocks = int(extra.get("skipped_blocks", 0))
 
     def _adopt(self, p: torch.Tensor, group: dict[str, Any], saved: dict[str, Any],
-               saved_block: int) -> None:
+               saved_block: int, index: int) -> None:
         st: dict[str, Any] = {}
-        step = saved.get("step", 0)
+        where = f"load_state_dict: parameter {index}"
+        names = self._group_states(group)
+        step = saved.get("step")
+        if step is None:
+            # torch's SGD keeps no step: a saved momentum buffer means a step was taken (the
+            # next is not the first, which would replace the buffer by the gradient)
+            step = 1 if any(saved.get(name) is not None for name, _ in names) else 0
         st["step"] = int(step.item()) if isinstance(step, torch.Tensor) else int(step)
         eight = self._bits_for(p, group) == 8
         lp = _dist.local(p)  # a DTensor's local shard; saved DTensor states hold the same rows
         bs = self.block_size
-        for name, signed in self._group_states(group):
-            if name not in saved:
-                raise KeyError(f"load_state_dict: the state of a parameter has no '{name}'")
+        for name, signed in names:
+            if saved.get(name) is None:
+                raise KeyError(f"{where}: its state has no '{name}' (saved by another "
+                               f"optimizer, or with other settings?)")
             if _dist.is_dtensor(p) != _dist.is_dtensor(saved[name]):
                 raise RuntimeError("load_state_dict: states and parameters must both be DTensors "
                                    "or both plain tensors; load a checkpoint into a sharded "
                                    "model with torch.distributed.checkpoint "
                                    "(docs/distributed.md)")
             value = _dist.local(saved[name]).to(device=lp.device)
+            if value.shape != lp.shape:
+                raise ValueError(f"{where}: state '{name}' has shape {tuple(value.shape)}, the "
+                                 f"parameter {tuple(lp.shape)}")
+            if value.dtype != torch.uint8 and not value.is_floating_point():
+                raise TypeError(f"{where}: state '{name}' has dtype {value.dtype}; expected "
+                                "floating point or uint8 codes")
             if value.dtype == torch.uint8:
+                if saved.get(name + "_absmax") is None:
+                    raise KeyError(f"{where}: 8-bit state '{name}' without its "
+                                   f"'{name}_absmax'")
                 absmax = _dist.local(saved[name + "_absmax"]).to(device=lp.device,
                                                                  dtype=torch.float32)
+                if absmax.numel() != (value.numel() + saved_block - 1) // saved_block:
+                    raise ValueError(f"{where}: '{name}_absmax' has {absmax.numel()} values; "
+                                     f"expected one per block of {saved_block}")
                 if eight and saved_block == bs:
                     st[name] = _dist.like(p, value.reshape(lp.shape), p.shape)
                     st[name + "_absmax"] = _dist.like(

@@ -14,6 +14,8 @@ pass", lists what this rules out and the way around each:
 - closures: ``optimizer.step(closure)`` runs the closure once, whose backward steps the
   parameters; ``step`` itself then finds no gradients and does nothing, so optimizers that
   evaluate the closure more than once (line searches, LBFGS) cannot be fused;
+- parameters added later (``optimizer.add_param_group``) have no hook: call
+  ``fuse_into_backward`` again for them (or remove the handle and fuse the model anew);
 - torch.amp.GradScaler: ``scaler.step(optimizer)`` finds no gradients to unscale or check (torch
   raises "No inf checks were recorded for this optimizer"); use bfloat16 (no loss scaling
   needed), or a fixed ``loss_scale`` (the hook divides each gradient by it before the step; the
@@ -24,6 +26,7 @@ pass", lists what this rules out and the way around each:
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Iterator, Optional, Union
 
 import torch
@@ -73,8 +76,18 @@ class FusedBackward:
             if sq is not None:
                 total = sq if total is None else total + sq
         if total is not None:
-            self.previous_norm = total.sqrt()
+            norm = total.sqrt()
+            # A backward with an Inf or NaN gradient (whose blocks the kernel skipped) keeps the
+            # norm before it: clipping the next one to c / Inf = 0 would freeze the model.
+            self.previous_norm = norm if self.previous_norm is None else \
+                torch.where(torch.isfinite(norm), norm, self.previous_norm)
         self._sq = {}
+
+    def _scale(self, norm: torch.Tensor) -> torch.Tensor:
+        """min(1, c / (norm + 1e-6)), or 1 where the norm is not finite (no norm yet, or only
+        Inf / NaN ones: the kernel skips the blocks that hold such gradients)."""
+        scale = torch.clamp(self.clip_grad_norm / (norm + 1e-6), max=1.0)
+        return torch.where(torch.isfinite(norm), scale, torch.ones_like(scale))
 
     def _hook(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         if self._paused or p.grad is None:
@@ -86,8 +99,7 @@ class FusedBackward:
             if self.clip_grad_norm is not None:
                 norm = torch.linalg.vector_norm(g, dtype=torch.float32)
                 if self.clip == "per_parameter":
-                    scale = torch.clamp(self.clip_grad_norm / (norm + 1e-6), max=1.0)
-                    g.mul_(scale.to(g.dtype))
+                    g.mul_(self._scale(norm).to(g.dtype))
                 else:
                     if not self._queued:
                         torch.autograd.Variable._execution_engine.queue_callback(
@@ -95,9 +107,7 @@ class FusedBackward:
                         self._queued = True
                     self._sq[id(p)] = norm * norm
                     if self.previous_norm is not None:
-                        scale = torch.clamp(self.clip_grad_norm / (self.previous_norm + 1e-6),
-                                            max=1.0)
-                        g.mul_(scale.to(g.dtype))
+                        g.mul_(self._scale(self.previous_norm).to(g.dtype))
             self.optimizer._step_group(group, [p])
         p.grad = None
 
@@ -116,10 +126,12 @@ def fuse_into_backward(model: Union[torch.nn.Module, Any], optimizer: LowbitOpti
     if clip not in ("per_parameter", "previous_global"):
         raise ValueError(f"fuse_into_backward: clip={clip!r}; expected 'per_parameter' or "
                          "'previous_global'")
-    if clip_grad_norm is not None and not clip_grad_norm > 0:
-        raise ValueError(f"fuse_into_backward: clip_grad_norm={clip_grad_norm!r}; expected > 0")
-    if loss_scale is not None and not loss_scale > 0:
-        raise ValueError(f"fuse_into_backward: loss_scale={loss_scale!r}; expected > 0")
+    if clip_grad_norm is not None and not 0 < clip_grad_norm < math.inf:
+        raise ValueError(f"fuse_into_backward: clip_grad_norm={clip_grad_norm!r}; expected a "
+                         "finite value > 0")
+    if loss_scale is not None and not 0 < loss_scale < math.inf:
+        raise ValueError(f"fuse_into_backward: loss_scale={loss_scale!r}; expected a finite "
+                         "value > 0")
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
     owner = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     handle = FusedBackward(optimizer, clip_grad_norm, clip, loss_scale)

@@ -149,6 +149,8 @@ class Lion(LowbitOptimizer):
         _lr(lr)
         _check("beta parameter at index 0", betas[0], 0.0, 1.0)
         _check("beta parameter at index 1", betas[1], 0.0, 1.0)
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
         cfg = dict(_common, **kw)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                                       maximize=maximize), **cfg)
@@ -174,6 +176,8 @@ class RMSprop(LowbitOptimizer):
         _lr(lr)
         _check("alpha value", alpha, 0.0, 1.0)
         _check("momentum value", momentum, 0.0, 1.0)
+        if eps < 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r}")
         if weight_decay < 0.0:
             raise ValueError(f"invalid weight_decay value: {weight_decay!r}")
         cfg = dict(_common, **kw)
@@ -205,6 +209,8 @@ class Adagrad(LowbitOptimizer):
         _lr(lr)
         if lr_decay < 0 or initial_accumulator_value < 0 or weight_decay < 0:
             raise ValueError("lr_decay, weight_decay and initial_accumulator_value must be >= 0")
+        if eps < 0.0:
+            raise ValueError(f"invalid epsilon value: {eps!r}")
         cfg = dict(_common, **kw)
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
