@@ -202,8 +202,7 @@ gemm_problem check(const gemm_operand& a, const gemm_operand& b, const tensor_vi
     });
   p.kblock = a.block_k > 0 ? a.block_k : b.block_k;
   if (p.a.elem == gemm_elem::int8) {
-    const bool sym = a.fmt.ifmt == emu::int8_sym && b.fmt.ifmt == emu::int8_sym;
-    const std::int64_t limit = sym ? gemm_int8_sym_k_limit : gemm_int8_k_limit;
+    const std::int64_t limit = gemm_int8_k_limit;
     require(p.k <= limit, errc::invalid_argument, [&] {
       return "a.codes: K = " + std::to_string(p.k) + " exceeds " + std::to_string(limit) +
              ", the largest K whose int32 sum of " + target_name(a.fmt) + " x " +

@@ -55,14 +55,12 @@ struct gemm_problem {
   bool fast_accumulation = false;
 };
 
-// K up to which an int32 sum of int8 products is exact: floor((2^31 - 1) / 128^2), and for two
-// symmetric int8 operands (no -128 code) one below floor((2^31 - 1) / 127^2) = 133144, the
-// header's (safe) figure.
+// K up to which an int32 sum of int8 products is exact whatever the codes: floor((2^31 - 1) /
+// 128^2). int8_sym operands take the same limit: their codes are never -128 when lowbit makes
+// them, but codes from elsewhere may be, and a larger K would then overflow silently.
 inline constexpr std::int64_t gemm_int8_k_limit = 131071;
-inline constexpr std::int64_t gemm_int8_sym_k_limit = 133143;
 static_assert(gemm_int8_k_limit * 128 * 128 <= 2147483647LL &&
               (gemm_int8_k_limit + 1) * 128 * 128 > 2147483647LL);
-static_assert(gemm_int8_sym_k_limit * 127 * 127 <= 2147483647LL);
 
 // The exact float32 value of one element of an fp8 or 16-bit operand (the int8 path sums
 // integers and never calls this).

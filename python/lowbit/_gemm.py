@@ -84,6 +84,9 @@ class Accumulation:
                              f"<= 24 (got k={self.k}, fraction_bits={self.fraction_bits}, "
                              f"promote_every={self.promote_every}, "
                              f"register_bits={self.register_bits})")
+        if not isinstance(self.align_with_register, (bool, int)):  # bool("no") would be True
+            raise TypeError(f"accumulation align_with_register: expected a bool, got "
+                            f"{self.align_with_register!r}")
         object.__setattr__(self, "align_with_register", bool(self.align_with_register))
 
     @classmethod
@@ -294,7 +297,7 @@ def scaled_matmul(
 
     Each step of the epilogue is one float32 operation rounded to nearest-even (no fused
     multiply-add), the last rounding to out's dtype is nearest-even. ``acc`` is the exact int32
-    sum for int8 operands (K up to 131071, 133143 for int8_sym codes) and a float32 sum of the
+    sum for int8 operands (K up to 131071) and a float32 sum of the
     exact products for fp8 and 16-bit operands, in an order that depends on the backend
     (docs/techniques/gemm.md gives each backend's order and bound).
 

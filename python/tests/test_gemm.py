@@ -114,6 +114,13 @@ def test_int8_large_k_and_extreme_codes():
     got = lowbit.scaled_matmul(a, b, a_fmt="int8", b_fmt="int8", a_scales=sa)
     assert same_bits(got, int8_ref(a, b, sa, None, None, "float32"))
     assert not np.array_equal(got, (a.astype(np.int64) @ b.astype(np.int64).T) * sa[:, None])
+    # int8_sym codes made elsewhere may hold -128: the same limit keeps them exact, one more K
+    # is refused (at 133143 such codes overflowed int32 silently).
+    got = lowbit.scaled_matmul(a, b, a_fmt="int8_sym", b_fmt="int8_sym", a_scales=sa)
+    assert same_bits(got, int8_ref(a, b, sa, None, None, "float32"))
+    wide = np.full((1, k + 1), -128, np.int8)
+    with pytest.raises(ValueError, match="K = 131072 exceeds 131071"):
+        lowbit.scaled_matmul(wide, wide, a_fmt="int8_sym", b_fmt="int8_sym")
 
 
 def test_python_float_scales_and_strided_rows():

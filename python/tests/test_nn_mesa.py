@@ -694,3 +694,61 @@ def test_a_gradient_of_the_gradient_is_refused_not_dropped():
         (gx,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
         with pytest.raises(RuntimeError, match="cannot be differentiated again"):
             gx.square().sum().backward()
+
+
+def test_bad_settings_and_shapes_are_refused_by_name():
+    for kw, msg in ((dict(seed=-1), "seed: expected an int in"), (dict(seed=1.5), "seed"),
+                    (dict(random_bits=2.5), "random_bits"), (dict(groups=True), "groups"),
+                    (dict(momentum=True), "momentum"), (dict(dim=None), "dim: expected an int")):
+        with pytest.raises(ValueError, match=msg):
+            mesa.ActQuantizer(**kw)
+    with pytest.raises(ValueError, match="dim 1 is out of range for an input of 1 dimension"):
+        mesa.MesaSoftmax(-1)(torch.randn(5, requires_grad=True))
+    with pytest.raises(ValueError, match="num_heads = 0: expected positive ints"):
+        mesa.MesaAttention(32, 0)
+    with pytest.raises(TypeError, match="a torch.float64 activation"):
+        mesa.MesaLinear(8, 4).double()(torch.randn(2, 8, dtype=torch.float64,
+                                                   requires_grad=True))
+    with pytest.raises(TypeError, match="layers: expected a tuple of kinds"):
+        mesa.convert(torch.nn.Sequential(torch.nn.ReLU()), layers="linear")
+
+
+def test_a_refused_convert_changes_nothing_and_shared_modules_convert_everywhere():
+    model = _tiny.TinyViT(width=32, depth=1, heads=4)
+    before = [type(m) for m in model.modules()]
+    with pytest.raises(ValueError, match="core: expected 'explicit' or 'sdpa'"):
+        mesa.convert(model, core="flash")
+    assert [type(m) for m in model.modules()] == before
+    lin = torch.nn.Linear(4, 4)
+    seq = torch.nn.Sequential(lin, torch.nn.ReLU(), lin)
+    mesa.convert(seq)
+    assert type(seq[0]) is mesa.MesaLinear and seq[2] is seq[0]
+
+
+def test_estimates_stay_float32_when_the_module_is_cast():
+    m = mesa.MesaLinear(8, 4)
+    m((torch.randn(3, 8) + 1e5).requires_grad_()).sum().backward()
+    alpha, beta = m.quant.alpha.clone(), m.quant.beta.clone()
+    m.half()
+    assert m.quant.alpha.dtype == torch.float32 and torch.equal(m.quant.beta, beta)
+    m.float()
+    assert torch.equal(m.quant.alpha, alpha) and torch.equal(m.quant.beta, beta)
+
+
+def test_autocast_dtypes_follow_torch_s_rules_on_the_cpu():
+    """CPU autocast leaves layer_norm and softmax in their input's dtype and float64 alone:
+    training mode (which saves 8-bit copies) computes in the dtypes eval mode's plain ops do."""
+    torch.manual_seed(19)
+    cases = [(mesa.MesaLayerNorm(8), [(2, 8)], torch.bfloat16),
+             (mesa.MesaSoftmax(-1, groups=1, group_dim=0), [(2, 8)], torch.bfloat16),
+             (mesa.MesaLinear(8, 4), [(2, 8)], torch.float32),
+             (mesa.MesaSoftmaxMatMul(groups=1, dim=0), [(2, 4, 4), (2, 4, 3)], torch.float16)]
+    for m, shapes, dt in cases:
+        xs = [torch.randn(*s, dtype=dt, requires_grad=True) for s in shapes]
+        if isinstance(m, mesa.MesaSoftmaxMatMul):
+            xs[0] = torch.randn(*shapes[0], requires_grad=True)  # float32 s, float16 v
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            train = m.train()(*xs)
+            with torch.no_grad():
+                evaluated = m.eval()(*xs)
+        assert train.dtype == evaluated.dtype, type(m).__name__

@@ -27,8 +27,9 @@ Training mode with gradients enabled quantizes (and updates the estimates); eval
 input needing a gradient, runs the plain PyTorch op: nothing is quantized, no estimate moves.
 CPU tensors run the CPU twin, CUDA tensors the CUDA kernels on the current stream. Under
 torch.autocast each op computes in the dtype autocast would give it (linear and matmul in the
-autocast dtype; layer_norm and softmax in float32; GELU/SiLU/ReLU in their input's dtype), and
-its backward in the same dtype.
+autocast dtype; layer_norm and softmax in float32 on CUDA, in their input's dtype on the CPU;
+GELU/SiLU/ReLU in their input's dtype; float64 left alone), and its backward in the same
+dtype.
 
 :func:`convert` swaps the modules of a timm-style ViT (and of lowbit._tiny's ViT) in place.
 """
@@ -64,6 +65,28 @@ __all__ = [
 _ROUNDINGS = ("nearest_even", "stochastic")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_quant_args(groups, dim, momentum, rounding, random_bits, seed) -> None:
+    """ActQuantizer's arguments (convert() checks them before it changes anything)."""
+    if not _is_int(groups) or groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+    if not _is_int(dim):
+        raise ValueError(f"dim: expected an int, got {dim!r}")
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or \
+            not 0.0 <= float(momentum) <= 1.0:
+        raise ValueError(f"momentum: expected a value in [0, 1], got {momentum!r}")
+    if rounding not in _ROUNDINGS:
+        raise ValueError(f"rounding: expected one of {', '.join(_ROUNDINGS)}, got "
+                         f"{rounding!r}")
+    if not _is_int(random_bits) or not 1 <= random_bits <= 32:
+        raise ValueError(f"random_bits: expected an int in 1..32, got {random_bits!r}")
+    if not _is_int(seed) or not 0 <= seed < 2 ** 64:
+        raise ValueError(f"seed: expected an int in [0, 2**64), got {seed!r}")
+
+
 class ActQuantizer(nn.Module):
     """The running estimates of one saved activation: ``groups`` groups of consecutive indices
     along ``dim`` (``x.shape[dim]`` must be a multiple of ``groups``), buffers ``alpha`` (the
@@ -80,15 +103,7 @@ class ActQuantizer(nn.Module):
                  rounding: str = "nearest_even", random_bits: int = 16, seed: int = 0,
                  enabled: bool = True, lagged: bool = False) -> None:
         super().__init__()
-        if not isinstance(groups, int) or groups < 1:
-            raise ValueError(f"groups: expected a positive int, got {groups!r}")
-        if not 0.0 <= float(momentum) <= 1.0:
-            raise ValueError(f"momentum: expected a value in [0, 1], got {momentum!r}")
-        if rounding not in _ROUNDINGS:
-            raise ValueError(f"rounding: expected one of {', '.join(_ROUNDINGS)}, got "
-                             f"{rounding!r}")
-        if rounding == "stochastic" and not 1 <= random_bits <= 32:
-            raise ValueError(f"random_bits: expected 1..32, got {random_bits!r}")
+        _check_quant_args(groups, dim, momentum, rounding, random_bits, seed)
         self.groups, self.dim, self.momentum = groups, dim, float(momentum)
         self.rounding, self.random_bits, self.seed = rounding, random_bits, seed
         self.enabled, self.lagged = enabled, lagged
@@ -106,6 +121,17 @@ class ActQuantizer(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._estimated = False  # the loaded estimates may be unset: update before the next use
 
+    def _apply(self, fn, recurse: bool = True):
+        # .half() / .to(dtype) cast floating buffers: the estimates stay float32 (a float16
+        # copy would round them, or overflow to Inf for an offset beyond 65504), moved to
+        # wherever the cast put them.
+        alpha, beta = self.alpha, self.beta
+        out = super()._apply(fn, recurse)
+        if self.alpha.dtype != torch.float32:
+            self.alpha = alpha.to(device=self.alpha.device, dtype=torch.float32)
+            self.beta = beta.to(device=self.beta.device, dtype=torch.float32)
+        return out
+
     def _state_on(self, x: torch.Tensor) -> None:
         # model.half() / .to(device) move buffers too: the kernels keep them float32.
         if self.alpha.dtype != torch.float32 or self.alpha.device != x.device:
@@ -113,6 +139,9 @@ class ActQuantizer(nn.Module):
             self.beta = self.beta.to(device=x.device, dtype=torch.float32).contiguous()
 
     def group_size(self, x: torch.Tensor) -> int:
+        if not -x.dim() <= self.dim < x.dim():
+            raise ValueError(f"{type(self).__name__}: dim {self.dim} is out of range for an "
+                             f"input of {x.dim()} dimension(s), shape {tuple(x.shape)}")
         c = x.shape[self.dim]
         if c == 0:
             raise ValueError(f"{type(self).__name__}: x.shape[{self.dim}] = 0: the grouped "
@@ -128,6 +157,10 @@ class ActQuantizer(nn.Module):
         enabled."""
         if not self.enabled:
             return (x.detach(),)
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"{type(self).__name__}: a {x.dtype} activation; 8-bit saving takes "
+                            "float32, bfloat16 or float16 (eval mode, or no gradient, runs the "
+                            "plain op in any dtype)")
         self._state_on(x)
         gs = self.group_size(x)
         stochastic = self.rounding == "stochastic"
@@ -157,8 +190,9 @@ def _needs_saving(module: nn.Module, *tensors: Optional[torch.Tensor]) -> bool:
 
 
 def _autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The autocast dtype where autocast casts x (a floating tensor other than float64)."""
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
+    if torch.is_autocast_enabled(dev) and x.is_floating_point() and x.dtype != torch.float64:
         return torch.get_autocast_dtype(dev)
     return None
 
@@ -176,8 +210,10 @@ def _low(x: torch.Tensor, *tensors: Optional[torch.Tensor]) -> torch.dtype:
 
 
 def _fp32(x: torch.Tensor) -> torch.dtype:
-    """The dtype of an op autocast runs in float32 (layer_norm, softmax)."""
-    return torch.float32 if _autocast_dtype(x) is not None else x.dtype
+    """The dtype of layer_norm and softmax: float32 under CUDA's autocast (its float32 list), the
+    input's under the CPU's (which leaves them alone) and without autocast."""
+    return torch.float32 if x.device.type == "cuda" and _autocast_dtype(x) is not None \
+        else x.dtype
 
 
 def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
@@ -579,7 +615,7 @@ class MesaSoftmaxMatMul(nn.Module):
     def forward(self, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if not _needs_saving(self, s, v):
             return torch.softmax(s, -1).to(v.dtype) @ v
-        return _SoftmaxMatMulFn.apply(s, v, self.quant_p, self.quant_v, _fp32(s), _low(s, v))
+        return _SoftmaxMatMulFn.apply(s, v, self.quant_p, self.quant_v, _fp32(s), _low(v))
 
 
 def _split_heads(qkv: torch.Tensor, heads: int) -> tuple:
@@ -628,6 +664,8 @@ class MesaAttention(nn.Module):
                  core: str = "explicit", groups: int = 1, scale: Optional[float] = None,
                  **quant) -> None:
         super().__init__()
+        if not _is_int(num_heads) or num_heads < 1 or not _is_int(dim) or dim < 1:
+            raise ValueError(f"dim = {dim!r}, num_heads = {num_heads!r}: expected positive ints")
         if dim % num_heads:
             raise ValueError(f"dim = {dim} is not a multiple of num_heads = {num_heads}")
         if core not in ("explicit", "sdpa"):
@@ -770,13 +808,22 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     own seed (``seed`` + its index) for stochastic rounding. The state_dict keeps every key and
     adds the quantizers' alpha/beta buffers (load an original state_dict with strict=False).
     Returns ``model`` (or the new module when ``model`` itself is replaced)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if filter is not None and not callable(filter):
         raise TypeError(f"filter: expected a callable (name, module) -> bool, got "
                         f"{type(filter).__name__}")
+    if isinstance(layers, str) or not all(isinstance(k, str) for k in layers):
+        raise TypeError(f"layers: expected a tuple of kinds, got {layers!r}")
     unknown = set(layers) - {"linear", "layernorm", "gelu", "silu", "relu", "softmax",
                              "attention"}
     if unknown:
         raise ValueError(f"layers: unknown kinds {sorted(unknown)}")
+    if core not in ("explicit", "sdpa"):  # checked here: a refused convert changes nothing
+        raise ValueError(f"core: expected 'explicit' or 'sdpa', got {core!r}")
+    _check_quant_args(groups, -1, momentum, rounding, random_bits, seed)
+    if not isinstance(lagged, bool):
+        raise TypeError(f"lagged: expected a bool, got {lagged!r}")
     counter = [0]
 
     def q() -> dict:
@@ -809,17 +856,29 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     top = replacement("", model)
     if top is not None:
         return top
+    # A module used in several places becomes one Mesa module used in all of them (the filter
+    # sees the name of its first use).
     visited: set[int] = set()
+    done: dict[int, nn.Module] = {}
 
     def swap(parent: nn.Module, prefix: str) -> None:
-        for child_name, child in list(parent.named_children()):
+        # _modules, not named_children(), which leaves out a module's second use
+        for child_name, child in list(parent._modules.items()):
+            if child is None:
+                continue
             full = f"{prefix}.{child_name}" if prefix else child_name
+            if id(child) in done:
+                setattr(parent, child_name, done[id(child)])
+                continue
+            if id(child) in visited:
+                continue
+            visited.add(id(child))
             new = replacement(full, child)
             if new is not None:
                 dev = next(child.parameters(), None)
-                setattr(parent, child_name, new if dev is None else new.to(dev.device))
-            elif id(child) not in visited:
-                visited.add(id(child))
+                done[id(child)] = new if dev is None else new.to(dev.device)
+                setattr(parent, child_name, done[id(child)])
+            else:
                 swap(child, full)
 
     swap(model, "")

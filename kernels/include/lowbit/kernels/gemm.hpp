@@ -74,7 +74,7 @@ struct gemm_options {
 // operation rounded to nearest-even, no fused multiply-add; the last rounding to out's dtype is
 // nearest-even, and every NaN result is written as the positive quiet NaN (NaN signs and payloads
 // differ between CPUs and GPUs). acc is the exact int32 sum for int8 operands (K may not exceed the
-// count that keeps it exact: 131071, or 133143 for int8_sym codes) and a float32 sum of the exact
+// count that keeps it exact for any codes: 131071) and a float32 sum of the exact
 // products for fp8 and 16-bit operands (the order depends on the backend: gemm.md), or the sum
 // of opt.accumulation's model over k = 0, 1, ..., K-1.
 //   out:  float32, bfloat16 or float16 (M x N), N contiguous, rows may be strided.
