@@ -63,8 +63,8 @@ void check_hparams(optimizer o, const optim_hparams& h) {
   const auto in = [&](double v, double lo, double hi, bool hi_open, const char* what) {
     require(std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi), errc::invalid_argument,
             [&] {
-              return name + what + " = " + num(v) + " is outside [" +
-                     num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
+              return name + what + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) +
+                     (hi_open ? ")" : "]");
             });
   };
   require(std::isfinite(h.lr) && h.lr >= 0.0, errc::invalid_argument,
