@@ -42,13 +42,18 @@ import lowbit
 from lowbit import _core
 from lowbit._interop import torch_stream
 
-# Code dtypes of the targets the layers quantize to (anything else reaches the kernels, which
-# say why they refuse it; the fake then guesses uint8, the dtype of every 8-bit format).
-_INT_TARGETS = {"int8": torch.int8, "int8_sym": torch.int8, "uint8": torch.uint8}
+# The code dtype of each quantization target, as the kernels allocate it (int8 for the signed
+# integer formats, uint16 for 16-bit floats, uint8 for the 8-bit and narrower floats): the
+# fakes give the real ops' dtypes, so that compiled graphs read the codes as the eager ops do.
+_CODE_DTYPES: dict[str, torch.dtype] = {}
+_TORCH_CODE_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "uint16": torch.uint16}
 
 
 def _code_dtype(fmt: str) -> torch.dtype:
-    return _INT_TARGETS.get(fmt, torch.uint8)
+    d = _CODE_DTYPES.get(fmt)
+    if d is None:  # target_info refuses a format that cannot be a target, by name
+        d = _CODE_DTYPES[fmt] = _TORCH_CODE_DTYPES[lowbit.target_info(fmt).code_dtype]
+    return d
 
 
 # The ops' tensors are torch tensors that the ops' callers (lowbit.nn) made contiguous on one
@@ -107,6 +112,8 @@ def _on_device(device: torch.device):
 
 def _quantize(x: torch.Tensor, fmt: str, granularity: str,
               transpose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    _matrix(x)
+    _code_dtype(fmt)  # a format that cannot be a target: target_info's error
     x = x.detach()
     with _on_device(x.device):
         return _core.quantize(x, _fmt(fmt), granularity, 1, 1, 0, False, transpose, _policy(),
@@ -118,9 +125,15 @@ def _register(fn):
     return torch.library.custom_op(f"lowbit::{fn.__name__[1:]}", mutates_args=())(fn)
 
 
-def _fake_matrix(x: torch.Tensor) -> tuple[int, int]:
-    torch._check(x.dim() == 2, lambda: f"x: the layers quantize 2-d tensors, got {x.dim()}-d")
+def _matrix(x: torch.Tensor) -> tuple[int, int]:
+    """The quantize ops take 2-d tensors (what the layers pass), eager and traced alike."""
+    if x.dim() != 2:
+        raise ValueError(f"x: the quantize ops take 2-d tensors, got {x.dim()}-d of shape "
+                         f"{tuple(x.shape)}")
     return x.shape[0], x.shape[1]
+
+
+_fake_matrix = _matrix
 
 
 def _quantize_rows(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,6 +177,8 @@ def _(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _quantize_blocks(x: torch.Tensor, fmt: str, block_rows: int,
                      block_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _matrix(x)
+    _code_dtype(fmt)
     x = x.detach()
     kind = "blocks" if block_rows == 1 else "tiles"
     with _on_device(x.device):
@@ -188,6 +203,7 @@ def _(x: torch.Tensor, fmt: str, block_rows: int,
 
 
 def _quantize_mx(x: torch.Tensor, fmt: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _matrix(x)
     x = x.detach()
     with _on_device(x.device):
         return _core.quantize_mx(x, _fmt(fmt), block, _policy(), _allocator(x.device), 0,
@@ -208,6 +224,8 @@ def _quantize_scaled(x: torch.Tensor, q: torch.Tensor, fmt: str) -> torch.Tensor
     if q.numel() != 1:
         raise ValueError(f"q: expected one multiplier (a tensor of one element), got shape "
                          f"{tuple(q.shape)}")
+    _matrix(x)
+    _code_dtype(fmt)
     x = x.detach()
     with _on_device(x.device):
         return _core.cast_scaled(x, q.detach().reshape(1), _fmt(fmt), _policy(), None,

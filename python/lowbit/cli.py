@@ -121,6 +121,11 @@ def read_npy(path: Path, status: int = 1) -> NpyFile:
                 raise fail("not a .npy file (it does not start with the .npy magic string)")
             header = _npy_header(f, fail)
             descr, shape = header["descr"], header["shape"]
+            if not isinstance(shape, tuple) or len(shape) > 64 or \
+                    not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2 ** 62
+                            for d in shape):
+                raise fail(f"not a valid .npy file: its shape {shape!r} is not a tuple of at "
+                           "most 64 sizes")
             if descr in ("<f1", "|f1", ">f1"):
                 # One byte of an ml_dtypes type whose numpy kind is "f".
                 dtype, saved_as = np.dtype(np.uint8), "1-byte"
@@ -133,6 +138,8 @@ def read_npy(path: Path, status: int = 1) -> NpyFile:
             if dtype.hasobject:
                 raise fail(f"holds Python objects (dtype {dtype}); lowbit reads numeric "
                            "arrays only and never unpickles")
+            if dtype.itemsize == 0:
+                raise fail(f"not a valid .npy file: its dtype {descr!r} has no size")
             need = math.prod(shape) * dtype.itemsize
             have = size - f.tell()
             if have < need:
@@ -143,8 +150,11 @@ def read_npy(path: Path, status: int = 1) -> NpyFile:
                 raise fail("truncated while it was read")
         except OSError as e:
             raise fail(f"cannot read: {e.strerror or e}") from e
-    array = np.frombuffer(data, dtype=dtype).reshape(
-        shape, order="F" if header["fortran_order"] else "C")
+    try:
+        array = np.frombuffer(data, dtype=dtype).reshape(
+            shape, order="F" if header["fortran_order"] else "C")
+    except (ValueError, MemoryError) as e:  # e.g. an empty array of sizes numpy cannot hold
+        raise fail(f"not a valid .npy file: shape {shape} of {dtype}: {e}") from e
     if array.dtype.kind == "V" and array.dtype.names is None and array.dtype.subdtype is None \
             and array.dtype.itemsize in (1, 2):
         # Raw bytes without fields: how np.save writes the other ml_dtypes types.
@@ -164,14 +174,14 @@ def write_npy(path: Path, array: Any) -> None:
     CliError; a partly written file is removed."""
     import numpy as np
 
-    if path.is_dir():
-        raise CliError(f"{path}: is a directory; name the file to write")
-    parent = path.parent
-    if not parent.is_dir():
-        raise CliError(f"{path}: cannot write: the directory {parent} does not exist"
-                       if not parent.exists() else f"{path}: cannot write: {parent} is not a "
-                       "directory")
-    try:
+    try:  # (a name too long for the file system fails already here)
+        if path.is_dir():
+            raise CliError(f"{path}: is a directory; name the file to write")
+        parent = path.parent
+        if not parent.is_dir():
+            raise CliError(f"{path}: cannot write: the directory {parent} does not exist"
+                           if not parent.exists() else f"{path}: cannot write: {parent} is not "
+                           "a directory")
         f = open(path, "wb")
     except OSError as e:
         raise CliError(f"{path}: cannot write: {e.strerror or e}") from e
@@ -179,8 +189,11 @@ def write_npy(path: Path, array: Any) -> None:
         with f:
             np.save(f, array, allow_pickle=False)
     except OSError as e:
-        if path.is_file():  # not a device such as /dev/full
-            path.unlink()
+        try:
+            if path.is_file():  # not a device such as /dev/full
+                path.unlink()
+        except OSError:
+            pass  # the message below says what failed; a file we cannot remove stays
         raise CliError(f"{path}: cannot write: {e.strerror or e}") from e
 
 
@@ -318,8 +331,9 @@ def _size(text: str) -> int:
 
 def _threads(text: str) -> int:
     value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 (all cores) or a positive count, got {text}")
+    if not 0 <= value <= 65536:
+        raise argparse.ArgumentTypeError(f"expected 0 (all cores) or a count up to 65536, got "
+                                         f"{text}")
     return value
 
 

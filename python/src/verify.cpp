@@ -65,7 +65,7 @@ kernels::tensor_view host_view(const array_arg& a) {
 
 vf::report verify(py::handle candidate, py::handle reference,
                   const std::optional<std::string>& policy_text, py::handle fmt_arg,
-                  py::handle inputs, py::handle input_fmt_arg, int worst,
+                  py::handle inputs, py::handle input_fmt_arg, std::int64_t worst,
                   const std::optional<py::array_t<double, py::array::c_style>>& bounds,
                   const std::string& bound_name) {
   const std::optional<emu::format> fmt = optional_format(fmt_arg, "fmt");

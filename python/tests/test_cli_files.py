@@ -126,6 +126,18 @@ BAD_FILES: dict[str, tuple[BadFile | None, str]] = {
     "truncated_data": (_write(_npy_bytes(np.zeros(1000, np.float32))[:300]), "truncated"),
     "structured": (_saved(np.zeros(4, dtype=[("a", "<f4"), ("b", "<i4")])),
                    "a structured or raw-bytes array"),
+    "sizeless_dtype": (_write(_header(b"{'descr': '|V0', 'fortran_order': False, "
+                                      b"'shape': (2,), }")),
+                       "not a valid .npy file: its dtype '|V0' has no size"),
+    "bool_shape": (_write(_header(b"{'descr': '<f4', 'fortran_order': False, "
+                                  b"'shape': (True,), }") + bytes(4)),
+                   "not a valid .npy file: its shape (True,) is not a tuple"),
+    "too_many_dimensions": (_write(_header(b"{'descr': '<f4', 'fortran_order': False, "
+                                           b"'shape': (" + b"1, " * 65 + b"), }") + bytes(4)),
+                            "not a valid .npy file: its shape (1, 1,"),
+    "empty_but_huge": (_write(_header(b"{'descr': '<f4', 'fortran_order': False, "
+                                      b"'shape': (0, 1000000000000000000000000000000), }")),
+                       "not a valid .npy file"),
 }
 
 # Well-formed files of a dtype that the argument refuses, and what the refusal says.
@@ -257,6 +269,9 @@ BAD_OUTPUTS: dict[str, tuple[Callable[[Path], Path], dict[str, str]]] = {
                      "report_json": "is a directory"}),
     "report_out_is_a_file": (lambda d: _file_at(d / "plain.txt"),
                              {"report_out": "exists and is not a directory"}),
+    "name_too_long": (lambda d: d / ("a" * 300 + ".npy"),
+                      {"cast": "cannot write: File name too long",
+                       "decode": "cannot write: File name too long"}),
 }
 
 

@@ -666,3 +666,23 @@ def test_switchback_doc_examples_run():
     assert blocks
     for code in blocks:
         exec(compile(code, str(doc), "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.parametrize("fmt", ["int8_sym", "int4", "int4_sym", "e4m3fn", "e2m1fn", "bfloat16",
+                                 "float16"])
+def test_the_ops_fakes_give_the_real_code_dtypes(fmt):
+    """Every quantize op's fake allocates the kernels' code dtype (int8 for signed integers,
+    uint16 for 16-bit floats): a compiled graph then reads the codes as eager does."""
+    x = torch.randn(5, 7)
+    for op, args in ((ops.quantize_rows, (x, fmt)), (ops.quantize_tensor, (x, fmt)),
+                     (ops.quantize_columns_t, (x, fmt))):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    codes, _ = torch.ops.lowbit.quantize_rows(x, fmt)
+    assert codes.dtype == ops._code_dtype(fmt)
+
+
+def test_the_quantize_ops_refuse_what_they_do_not_take_by_name():
+    with pytest.raises(ValueError, match=r"^x: the quantize ops take 2-d tensors, got 3-d"):
+        torch.ops.lowbit.quantize_rows(torch.randn(2, 3, 7), "e4m3fn")
+    with pytest.raises(ValueError, match="cannot be a quantization target"):
+        torch.ops.lowbit.quantize_rows(torch.randn(4, 8), "float32")

@@ -752,3 +752,15 @@ def test_autocast_dtypes_follow_torch_s_rules_on_the_cpu():
             with torch.no_grad():
                 evaluated = m.eval()(*xs)
         assert train.dtype == evaluated.dtype, type(m).__name__
+
+
+def test_torch_compile_does_not_recompile_every_step():
+    """Nearest rounding moves no per-call counter, so a compiled module keeps its graph over
+    many steps (fullgraph=True fails once dynamo's recompile limit, 8, is reached)."""
+    torch._dynamo.reset()
+    m = mesa.MesaLinear(48, 24, groups=4)
+    cm = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for _ in range(12):
+        x = torch.randn(8, 48, requires_grad=True)
+        cm(x).square().sum().backward()
+    assert m.quant.calls == 0

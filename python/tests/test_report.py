@@ -469,3 +469,16 @@ def test_an_unwritable_output_fails_before_measuring(tmp_path):
         report.run_report(report.Options(out=tmp_path / "ok", json=tmp_path, quick=True,
                                          size=1024), io.StringIO(), progress=messages.append)
     assert messages == []
+
+
+def test_a_plot_that_cannot_be_written_keeps_the_json(tmp_path):
+    """A plot path that is taken (here by a directory) fails the run with one line naming it,
+    after the table and the JSON are written."""
+    (tmp_path / "error_vs_speed.png").mkdir()
+    out = io.StringIO()
+    options = report.Options(out=tmp_path, quick=True, size=1024,
+                             sections=[s for s in report.SECTIONS if s.name == "casts"])
+    with pytest.raises(report.OutputError, match=r"error_vs_speed.png: cannot write: "):
+        report.run_report(options, out, progress=lambda message: None)
+    doc = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert doc["sections"]["casts"]["rows"]

@@ -285,3 +285,21 @@ def test_package_exports():
     assert callable(lowbit.verify) and lowbit.verify.__module__ == "lowbit._verify"
     assert {"verify", "assert_verified", "Report"} <= set(lowbit.__all__)
     assert isinstance(lowbit.verify(np.zeros(1), np.zeros(1)), lowbit.Report)
+
+
+def test_worst_beyond_the_array_keeps_every_element():
+    r = lowbit.verify(np.float32([1, 2, 3]), np.float32([1, 3, 4]), worst=2 ** 40)
+    assert len(r.worst) == 2
+    r = lowbit.verify(np.float32([1, 2]), np.float32([1, 3]), worst=2 ** 70)
+    assert len(r.worst) == 1
+
+
+def test_a_bound_is_checked_at_nan_elements_too():
+    """docs/verification.md: a bound must be >= 0 and not NaN at every element."""
+    c, r = np.float32([1, np.nan, np.nan]), np.float32([1, np.nan, 2])
+    for bad in ([0.1, -5, 0.1], [0.1, 0.1, np.nan]):
+        with pytest.raises(ValueError, match=r"bound: the bound function returned"):
+            lowbit.verify(c, r, lambda ref, b=bad: np.array(b))
+    # A NaN mismatch lists the allowance of its reference value.
+    rep = lowbit.verify(np.float32([np.nan]), np.float32([1.0]), "atol:0.5,rtol:0.25")
+    assert rep.worst[0].allowed == 0.75

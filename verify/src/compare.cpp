@@ -422,7 +422,10 @@ report compare(const tensor_view& candidate, const tensor_view& reference, const
 
   std::array<std::int64_t, bucket_count> buckets{};
   std::vector<candidate_entry> heap;
-  heap.reserve(opt.worst);
+  // At most every element: a `worst` beyond the array's size keeps them all (and allocates no
+  // more than they need).
+  heap.reserve(static_cast<std::size_t>(
+      std::min<std::int64_t>(static_cast<std::int64_t>(opt.worst), rep.total)));
   const auto keep = [&](const candidate_entry& e) {
     if (opt.worst == 0 || (!e.failed && e.measure == 0))
       return;
@@ -463,8 +466,36 @@ report compare(const tensor_view& candidate, const tensor_view& reference, const
     }
     e.index = idx;
 
+    // The allowed absolute error of tolerances and bounds at this element (a bound function is
+    // called, and checked, at every element, NaN ones included).
+    const auto allowance = [&](double r) -> double {
+      if (p.kind == policy_kind::tolerance)
+        return p.atol + (p.rtol == 0 || std::isnan(r) ? 0.0 : p.rtol * std::fabs(r));
+      bound_args a;
+      a.index = std::span<const std::int64_t>(idx.data(), static_cast<std::size_t>(nd));
+      a.flat_index = flat;
+      a.reference = r;
+      if (e.in)
+        a.input = e.in->value;
+      const double allowed = p.bound(a);
+      if (std::isnan(allowed) || allowed < 0) {
+        std::vector<std::int64_t> at(idx.begin(), idx.begin() + nd);
+        throw error(errc::invalid_argument, "bound: the bound function returned " +
+                                                shortest(allowed) + " at index " + index_text(at) +
+                                                " (reference " + shortest(r) +
+                                                "); it must return an allowed absolute error >= 0");
+      }
+      return allowed;
+    };
+    const bool tolerance_or_bound =
+        p.kind == policy_kind::tolerance || p.kind == policy_kind::bound;
+
     const bool cnan = std::isnan(e.c.value), rnan = std::isnan(e.r.value);
     if (cnan || rnan) {
+      if (tolerance_or_bound) // a bound function is checked here too (docs: at every element)
+        e.allowed = allowance(e.r.value);
+      else if (p.kind == policy_kind::ulp)
+        e.allowed = p.max_ulp;
       const bool match =
           cnan && rnan && !(p.kind == policy_kind::exact && p.strict_nan && e.c.bits != e.r.bits);
       if (match) {
@@ -475,7 +506,6 @@ report compare(const tensor_view& candidate, const tensor_view& reference, const
         e.failed = e.nan_mismatch = true;
         e.measure = inf;
         e.abs_error = e.rel_error = e.ulp_error = nan;
-        e.allowed = p.kind == policy_kind::ulp ? p.max_ulp : 0;
         keep(e);
       }
     } else {
@@ -508,24 +538,7 @@ report compare(const tensor_view& candidate, const tensor_view& reference, const
         break;
       case policy_kind::tolerance:
       case policy_kind::bound:
-        if (p.kind == policy_kind::tolerance) {
-          e.allowed = p.atol + (p.rtol == 0 ? 0.0 : p.rtol * std::fabs(r));
-        } else {
-          bound_args a;
-          a.index = std::span<const std::int64_t>(idx.data(), static_cast<std::size_t>(nd));
-          a.flat_index = flat;
-          a.reference = r;
-          if (e.in)
-            a.input = e.in->value;
-          e.allowed = p.bound(a);
-          if (std::isnan(e.allowed) || e.allowed < 0) {
-            std::vector<std::int64_t> at(idx.begin(), idx.begin() + nd);
-            throw error(errc::invalid_argument,
-                        "bound: the bound function returned " + shortest(e.allowed) + " at index " +
-                            index_text(at) + " (reference " + shortest(r) +
-                            "); it must return an allowed absolute error >= 0");
-          }
-        }
+        e.allowed = allowance(r);
         // Infinities pass only where they are equal: inf - inf has no size to bound.
         e.failed = infinite ? c != r : !(e.abs_error <= e.allowed);
         e.measure = ratio(e.abs_error, e.allowed);

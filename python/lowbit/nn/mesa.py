@@ -107,7 +107,7 @@ class ActQuantizer(nn.Module):
         self.groups, self.dim, self.momentum = groups, dim, float(momentum)
         self.rounding, self.random_bits, self.seed = rounding, random_bits, seed
         self.enabled, self.lagged = enabled, lagged
-        self.calls = 0  # the offset of the next stochastic-rounding stream
+        self.calls = 0  # the offset of the next stochastic-rounding stream (stochastic only)
         self._estimated = False  # whether alpha, beta hold estimates (lagged mode)
         self.register_buffer("alpha", torch.full((groups,), -1.0))
         self.register_buffer("beta", torch.zeros(groups))
@@ -169,8 +169,13 @@ class ActQuantizer(nn.Module):
             alpha, beta = self.alpha.clone(), self.beta.clone()
         codes = _ops.eager_or_op("actquant_quantize")(
             x.detach().contiguous(), self.alpha, self.beta, self.dim, gs, update, lagged,
-            self.momentum, stochastic, self.random_bits, self.seed, self.calls)
-        self.calls += 1
+            self.momentum, stochastic, self.random_bits, self.seed,
+            self.calls if stochastic else 0)
+        if stochastic:
+            # Nearest rounding draws no random bits and moves no counter: an int attribute
+            # that changed every call would make torch.compile guard on it and recompile at
+            # every step. Stochastic rounding does (docs/techniques/mesa.md, torch.compile).
+            self.calls += 1
         self._estimated = self._estimated or update
         if not lagged:
             alpha, beta = self.alpha.clone(), self.beta.clone()
