@@ -37,6 +37,12 @@ const std::vector<named_format>& all_formats() {
         {8, 6, 900, specials::ieee},  // every nonzero float overflows it
         {5, 10, 15, specials::fnuz},
         {7, 8, 63, specials::fn},
+        // Very low biases: MX element formats in a block whose scale shifts them by 2^105 and
+        // more (the nearest-even short path's magic number 2^(emin - man + 23) stops being a
+        // float there), and the last bias below that.
+        {2, 1, -104, specials::none},
+        {2, 1, -105, specials::none},
+        {3, 2, -106, specials::none},
     };
     for (const format& f : user) {
       if (const char* why = emu::check_format(f))

@@ -119,6 +119,8 @@ def _dtype_name(value: Any) -> str:
     """The name of a dtype given as a str, a numpy dtype (or type) or a torch dtype."""
     if isinstance(value, str):
         return value
+    if value is None:  # np.dtype(None) is float64, which the caller never named
+        raise TypeError("dtype: expected a dtype name, numpy dtype or torch dtype, got None")
     if _interop.is_torch_dtype(value):
         return str(value).removeprefix("torch.")
     try:

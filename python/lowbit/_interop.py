@@ -81,6 +81,11 @@ def is_torch(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def is_numpy(value: Any) -> bool:
+    np = _module("numpy")
+    return np is not None and isinstance(value, np.ndarray)
+
+
 def is_cupy(value: Any) -> bool:
     cupy = _module("cupy")
     return cupy is not None and isinstance(value, cupy.ndarray)
@@ -383,6 +388,48 @@ def _usable(name: str, device: Device, first: bool = True) -> Device:
     return device
 
 
+def _byte_range(value: Any) -> tuple[int, int] | None:
+    """[first, last + 1) byte addresses that a numpy or torch array's elements span, or None
+    for other arrays (their overlap is not checked)."""
+    if is_numpy(value):
+        import numpy as np
+
+        if value.size == 0:
+            return None
+        lo, hi = np.lib.array_utils.byte_bounds(value) if hasattr(np.lib, "array_utils") \
+            else np.byte_bounds(value)
+        return lo, hi
+    if is_torch(value):
+        if value.numel() == 0:
+            return None
+        start = value.data_ptr()
+        low = sum((n - 1) * st for n, st in zip(value.shape, value.stride()) if st < 0)
+        high = sum((n - 1) * st for n, st in zip(value.shape, value.stride()) if st > 0)
+        item = value.element_size()
+        return start + low * item, start + (high + 1) * item
+    return None
+
+
+def _check_output(name: str, out: Any, others: list[tuple[str, Any]]) -> None:
+    """An array written in place must not overlap itself (a zero stride: several elements in
+    one place) nor any other argument of the call (the kernels would read what they already
+    wrote): refused, as the results would depend on the order of the writes."""
+    shape = getattr(out, "shape", ())
+    strides = (out.stride() if is_torch(out) else getattr(out, "strides", None)) \
+        if is_torch(out) or is_numpy(out) else None
+    if strides is not None and any(st == 0 and n > 1 for n, st in zip(shape, strides)):
+        raise ValueError(f"{name}: its elements overlap (a stride of 0, as in a broadcast or "
+                         "expanded array); pass an array with a place for each element")
+    mine = _byte_range(out)
+    if mine is None:
+        return
+    for other_name, other in others:
+        theirs = _byte_range(other)
+        if theirs is not None and mine[0] < theirs[1] and theirs[0] < mine[1]:
+            raise ValueError(f"{name} overlaps {other_name} in memory; pass an array that "
+                             f"shares no memory with the inputs")
+
+
 class Call:
     """The array arguments of one call: resolved, on one device, with the backend that allocates
     the results. The first argument decides the result type ("the caller's array type").
@@ -412,6 +459,10 @@ class Call:
                 raise ValueError(f"{name} is on {dev} but {first_name} is on {self.device}; "
                                  "every array argument must be on the same device")
             self.values[name] = self._readable(name, value, inplace)
+        for name in inplace:
+            if name in self.values:
+                _check_output(name, self.values[name],
+                              [(n, v) for n, v in self.values.items() if n != name])
         self._stack: contextlib.ExitStack | None = None
         self.stream = 0
 
@@ -428,6 +479,9 @@ class Call:
         # first (on the caller's stream, by the array's own library). Results do not depend on
         # layout: elements are indexed in logical row-major order. Other arguments are passed as
         # they are and unsupported layouts get the kernels' ValueError.
+        if name in inplace and is_torch(value) and value.is_neg():
+            raise ValueError(f"{name}: a torch negative view (is_neg()); write into a plain "
+                             "tensor")
         value = self._plain(value)
         if self.device.type != "cuda" or name in inplace or name not in self._any_layout:
             return value
@@ -446,9 +500,14 @@ class Call:
 
     @staticmethod
     def _plain(value: Any) -> Any:
-        # Tensors that require grad refuse to export through DLPack; the data is the same.
-        if is_torch(value) and value.requires_grad:
-            return value.detach()
+        if is_torch(value):
+            # Tensors that require grad refuse to export through DLPack; the data is the same.
+            if value.requires_grad:
+                value = value.detach()
+            # A lazily negated view (x.conj().imag, torch._neg_view) holds -x in its memory,
+            # which DLPack exports as it is: read its values instead.
+            if value.is_neg():
+                value = value.resolve_neg()
         return value
 
     def __getitem__(self, name: str) -> Any:

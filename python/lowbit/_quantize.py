@@ -140,6 +140,8 @@ class Granularity:
         >>> lowbit.Granularity.tiles(2, 2).scale_shape((3, 5))
         (2, 3)
         """
+        if any(k < 1 for k in self.size):  # (the kernels check it where the sizes are used)
+            raise ValueError(f"granularity {self.kind!r}: sizes must be >= 1, got {self.size}")
         lead, n = (shape[:-1], shape[-1]) if shape else ((), 1)
         m = math.prod(lead)
         if self.kind == "tensor":
@@ -164,6 +166,8 @@ GranularityLike = Union[str, tuple, Granularity]
 
 
 def _float32_out(dtype: Any) -> None:
+    if dtype is None:  # the default, as decode's dtype=None
+        return
     name = _dtype_name(dtype)
     if name != "float32":
         raise ValueError(f"dtype {name!r}: expected float32 (the kernels dequantize to float32; "

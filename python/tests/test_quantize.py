@@ -489,3 +489,46 @@ def test_docstrings_are_complete():
         assert "{policy}" not in doc
         for name in inspect.signature(fn).parameters:
             assert re.search(rf"\b{name}\b", doc), (fn.__name__, name)
+
+
+@pytest.mark.parametrize("fmt,top,mlt", [("e2m1fn", 6.0, ml_dtypes.float4_e2m1fn),
+                                         ("e2m3fn", 7.5, ml_dtypes.float6_e2m3fn),
+                                         ("e3m2fn", 28.0, ml_dtypes.float6_e3m2fn)])
+def test_mx_elements_are_exact_at_every_scale(fmt, top, mlt):
+    """code_i = encode(fmt, x_i / 2^s), exact for every scale: from a block scale of 2^105 on,
+    the element format shifted by it left the nearest-even short path's magic number beyond
+    float (its subnormal range came out 0 or max)."""
+    rng = np.random.default_rng(0)
+    for e in range(90, 124):
+        x = (rng.standard_normal(64) * 2.0 ** (e - 3)).astype(np.float32)
+        x[0] = np.float32(top * 2.0 ** e)
+        codes, scales = lowbit.quantize_mx(x, fmt, block=32)
+        got = lowbit.dequantize_mx(codes, scales, fmt, block=32).astype(np.float64)
+        for b in range(2):
+            sc = 2.0 ** (int(scales[b]) - 127)
+            want = (x[32 * b:32 * b + 32].astype(np.float64) / sc).astype(mlt).astype(
+                np.float64) * sc
+            assert np.array_equal(got[32 * b:32 * b + 32], want), (fmt, e, b)
+
+
+def test_an_output_that_overlaps_an_input_or_itself_is_refused():
+    buf = np.arange(9, dtype=np.float32)
+    with pytest.raises(ValueError, match="out overlaps x in memory"):
+        lowbit.cast(buf[:-1], "float32", out=buf[1:].view(np.uint32))
+    codes = lowbit.cast(np.float32([[1, 2], [3, 4]]), "e4m3fn")
+    mem = np.ones(6, np.float32)
+    scales, out = mem[:2].reshape(2, 1), mem[1:5].reshape(2, 2)  # out covers scales[1]
+    with pytest.raises(ValueError, match="out overlaps scales in memory"):
+        lowbit.dequantize(codes, scales, "e4m3fn", "rows", out=out)
+    zero = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (4,), (0,), writeable=True)
+    with pytest.raises(ValueError, match=r"out: its elements overlap \(a stride of 0"):
+        lowbit.cast(np.float32([1, 2, 3, 4]), "e4m3fn", out=zero)
+    out = np.zeros(8, np.uint8)
+    assert np.array_equal(lowbit.cast(np.float32([1, 2, 3, 4]), "e4m3fn", out=out[::2]),
+                          lowbit.cast(np.float32([1, 2, 3, 4]), "e4m3fn"))
+
+
+def test_granularity_scale_shape_refuses_sizes_below_one():
+    for g in (Granularity.blocks(0), Granularity.blocks(-3), Granularity.tiles(-1, 2)):
+        with pytest.raises(ValueError, match="sizes must be >= 1"):
+            g.scale_shape((4, 8))

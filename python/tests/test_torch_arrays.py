@@ -75,3 +75,20 @@ def test_refused_dtypes_are_named_as_dlpack_names_them_every_time():
     for _ in range(2):  # the first sight of the dtype, then its cached entry
         with pytest.raises(TypeError, match=r"^x: dtype int64 is not supported"):
             lowbit.cast(torch.arange(4), "e4m3fn")
+
+
+def test_negative_views_are_read_as_their_values():
+    """A lazily negated tensor (conj().imag, _neg_view) holds -x in memory, which DLPack
+    exports as it is: lowbit reads its values, and refuses one as an output."""
+    import numpy as np
+
+    import lowbit
+
+    im = torch.tensor([1 + 0.5j, 2 - 3j]).conj().imag
+    assert im.is_neg()
+    assert torch.equal(lowbit.cast(im, "e4m3fn"), lowbit.cast(im.resolve_neg(), "e4m3fn"))
+    assert lowbit.verify(torch._neg_view(torch.tensor([0.5])), np.float32([-0.5])).ok
+    with pytest.raises(ValueError, match="out: a torch negative view"):
+        lowbit.cast(torch.randn(2), "e4m3fn", out=torch._neg_view(torch.zeros(2, dtype=torch.uint8)))
+    with pytest.raises(ValueError, match=r"out: its elements overlap"):
+        lowbit.cast(torch.randn(4), "e4m3fn", out=torch.zeros(1, dtype=torch.uint8).expand(4))

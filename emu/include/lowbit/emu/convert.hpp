@@ -167,12 +167,14 @@ namespace detail {
 
 // Formats for which float -> format under nearest-even takes the short path below: at least one
 // mantissa bit (with none, every significand is odd and ties go away from zero, which the float
-// bit trick would not do), a normal binade range inside float's, and subnormals no finer than
+// bit trick would not do), a normal binade range inside float's, subnormals no finer than
 // 2^-125 (so float subnormal inputs, and any flush-to-zero of them by a CPU's DAZ mode, round to
-// zero either way).
+// zero either way), and a subnormal quantum whose magic number 2^(emin - man + 23) is a finite
+// float (a format of very low bias, such as an MX element format with its block's bias shift of
+// 105 or more, would overflow it to Inf and round its subnormal range wrong).
 LOWBIT_HD LOWBIT_INLINE constexpr bool rne_short_path(const format& f) {
   return f.man_bits >= 1 && f.man_bits < 23 && f.emax() <= 127 && f.emin() >= -126 && f.has_zero &&
-         f.emin() - f.man_bits >= -125;
+         f.emin() - f.man_bits >= -125 && f.emin() - f.man_bits + 23 <= 127;
 }
 
 // The result of a special case as (code for +, sign bits to add for -): every special result is
