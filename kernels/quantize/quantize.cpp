@@ -112,6 +112,14 @@ void check_x_codes(const tensor_view& x, const tensor_view& codes, const target&
   }
 }
 
+// An empty matrix of many rows (shape (2^30, 2^30, 0)) has nothing to read or write in its
+// rows: where the scales do not depend on them (one per tensor, or none for MX blocks of empty
+// rows), the CPU loops see no rows instead of walking 2^60 empty ones.
+void drop_empty_rows(matrix_shape& x, matrix_shape& codes) {
+  if (x.cols == 0)
+    x.rows = codes.rows = 0;
+}
+
 void check_float_vector(const tensor_view& v, const char* arg, const tensor_view& x) {
   require_valid(v, arg);
   require_dtype(v, arg, {dtype::float32});
@@ -150,6 +158,8 @@ void quantize(const tensor_view& x, const tensor_view& codes, const tensor_view&
     require_device_memory({&x, &codes, &scales}, {"x", "codes", "scales"});
     return cuda::quantize(p, ex);
   }
+  if (g.k == grouping::kind::tensor)
+    drop_empty_rows(p.xm, p.cm);
   cpu::quantize(p, ex);
 }
 
@@ -175,6 +185,7 @@ void cast_scaled(const tensor_view& x, const tensor_view& codes, const tensor_vi
     require_device_memory({&x, &codes, &scale}, {"x", "codes", "scale"});
     return cuda::quantize(p, ex);
   }
+  drop_empty_rows(p.xm, p.cm);
   cpu::quantize(p, ex);
 }
 
@@ -210,6 +221,7 @@ void quantize_delayed(const tensor_view& x, const tensor_view& codes, const tens
                           {"x", "codes", "scale_pair", "history"});
     return cuda::quantize(p, ex);
   }
+  drop_empty_rows(p.xm, p.cm);
   cpu::quantize(p, ex);
 }
 
@@ -290,6 +302,7 @@ void quantize_mx(const tensor_view& x, const tensor_view& codes, const tensor_vi
     require_device_memory({&x, &codes, &scales}, {"x", "codes", "scales"});
     return cuda::quantize_mx(p, ex);
   }
+  drop_empty_rows(p.xm, p.cm);
   cpu::quantize_mx(p, ex);
 }
 

@@ -532,3 +532,18 @@ def test_granularity_scale_shape_refuses_sizes_below_one():
     for g in (Granularity.blocks(0), Granularity.blocks(-3), Granularity.tiles(-1, 2)):
         with pytest.raises(ValueError, match="sizes must be >= 1"):
             g.scale_shape((4, 8))
+
+
+def test_empty_arrays_of_many_rows_return_at_once():
+    """(2^30, 2^30, 0): no element, 2^60 empty rows, which the loops of the tensor-scaled and
+    MX paths walked (minutes to hours, or a failed allocation)."""
+    x = np.zeros((2 ** 30, 2 ** 30, 0), np.float32)
+    codes, scales = lowbit.quantize_mx(x, "e4m3fn")
+    assert codes.shape == x.shape and scales.size == 0
+    assert lowbit.cast_scaled(x, 2.0, "e4m3fn").shape == x.shape
+    history = np.float32([3.0, 0.0])
+    codes, (q, d) = lowbit.quantize_delayed(x, history, "e4m3fn")
+    assert codes.shape == x.shape and history.tolist() == [0.0, 3.0]
+    codes, scale = lowbit.quantize(x, "e4m3fn")
+    assert codes.shape == x.shape and scale == lowbit.quantize(np.zeros((0, 4), np.float32),
+                                                               "e4m3fn")[1]
