@@ -160,7 +160,10 @@ def as_numpy(name: str, value: Any, dtype: Any = None) -> np.ndarray:
         return value
     try:
         if dtype is not None:
-            kind = np.asarray(value).dtype.kind
+            given = np.asarray(value).dtype
+            kind = given.kind
+            if kind == "V" and given.name.startswith(("float", "bfloat")):
+                kind = "f"  # ml_dtypes' floats (float8_e4m3fn, bfloat16, ...): real numbers
             want = np.dtype(dtype).kind
             # numpy would truncate floats (and drop imaginary parts) without a word.
             if (want in "iu" and kind not in "iu") or (want == "f" and kind not in "iuf"):

@@ -202,9 +202,12 @@ def _typed_codes(codes: Any, fmt: Any) -> tuple[Any, Any]:
                             "float8 arrays, name their format)")
         return codes, implied
     f = _format_arg(fmt)
-    if implied is not None and _format(f) != implied:
+    if implied is not None and (isinstance(f, str) and f.startswith(("int", "uint"))
+                                or _format(f) != implied):
+        # (an integer target is a name the module parses, not a Format)
+        name = f if isinstance(f, str) else _format(f).name
         raise ValueError(f"codes: an array of {implied.name} codes (its dtype), but fmt is "
-                         f"{_format(f).name}")
+                         f"{name}")
     return codes, f
 
 

@@ -255,7 +255,14 @@ def verify(
                          if x_numpy.dtype.kind == "u" and input_fmt is not None
                          else x_numpy.astype(np.float64))
     try:
-        allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), shape)
+        if np.iscomplexobj(allowed):  # numpy would drop the imaginary parts with a warning
+            raise TypeError("complex values")
+        allowed = np.asarray(allowed, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"bound: the function returned {type(allowed).__name__} values that are "
+                        f"not real numbers ({e})") from None
+    try:
+        allowed = np.broadcast_to(allowed, shape)
     except ValueError:
         raise ValueError(
             f"bound: the function returned shape {np.shape(allowed)}, which does not broadcast "

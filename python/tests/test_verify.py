@@ -303,3 +303,10 @@ def test_a_bound_is_checked_at_nan_elements_too():
     # A NaN mismatch lists the allowance of its reference value.
     rep = lowbit.verify(np.float32([np.nan]), np.float32([1.0]), "atol:0.5,rtol:0.25")
     assert rep.worst[0].allowed == 0.75
+
+
+def test_a_bound_of_other_than_real_numbers_is_named():
+    for ret, kind in (("x", "str"), (np.array([1j, 2j]), "ndarray")):
+        with pytest.raises(TypeError, match=f"bound: the function returned {kind} values that "
+                                            "are not real numbers"):
+            lowbit.verify(np.float32([1, 2]), np.float32([1, 2]), lambda r, v=ret: v)
