@@ -136,10 +136,10 @@ std::string dlpack_dtype_name(const dlpack::data_type& t) {
                                       "bfloat", "complex", "bool"};
   // DLPack 1.1's narrow float types (codes 7 to 17), by their names: torch exports its float8
   // tensors so.
-  static const char* const narrow[] = {
-      "float8_e3m4",  "float8_e4m3",   "float8_e4m3b11fnuz", "float8_e4m3fn",
-      "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",   "float8_e8m0fnu",
-      "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"};
+  static const char* const narrow[] = {"float8_e3m4",     "float8_e4m3",     "float8_e4m3b11fnuz",
+                                       "float8_e4m3fn",   "float8_e4m3fnuz", "float8_e5m2",
+                                       "float8_e5m2fnuz", "float8_e8m0fnu",  "float6_e2m3fn",
+                                       "float6_e3m2fn",   "float4_e2m1fn"};
   std::string s;
   if (t.code < 7) {
     s = names[t.code] + std::to_string(t.bits);
