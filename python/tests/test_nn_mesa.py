@@ -306,6 +306,8 @@ def test_sdpa_core_loads_the_estimates_of_separate_q_k_v_quantizers():
     assert torch.equal(attn.quant_qkv.beta, -attn.quant_qkv.alpha)
     with pytest.raises(ValueError, match="qkv of shape"):
         attn.attend(torch.randn(2, 5, 16))
+    with pytest.raises(TypeError, match="takes the qkv projection's output"):
+        attn.attend(*(torch.randn(2, 4, 5, 4) for _ in range(3)))
 
 
 # ---- gradcheck with quantization replaced by identity ----------------------------------------

@@ -714,9 +714,12 @@ class MesaAttention(nn.Module):
         new.train(attn.training)
         return new
 
-    def attend(self, qkv: torch.Tensor) -> torch.Tensor:
+    def attend(self, qkv: torch.Tensor, *separate: torch.Tensor) -> torch.Tensor:
         """The core on the qkv projection's output [batch, tokens, 3 dim] (timm's layout,
         [batch, tokens, 3, heads, head_dim]); returns [batch, heads, tokens, head_dim]."""
+        if separate:
+            raise TypeError("MesaAttention.attend takes the qkv projection's output [batch, "
+                            "tokens, 3 dim] since lowbit 0.2, not q, k and v")
         if qkv.dim() != 3 or qkv.shape[-1] != 3 * self.num_heads * self.head_dim:
             raise ValueError(f"MesaAttention.attend: qkv of shape {tuple(qkv.shape)}; expected "
                              f"[batch, tokens, {3 * self.num_heads * self.head_dim}]")
