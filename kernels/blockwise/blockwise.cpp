@@ -246,6 +246,9 @@ void quantize_impl(const tensor_view& x, const tensor_view& codes, const tensor_
   p.block = cfg.block;
   p.blocks = blockwise_blocks(p.n, cfg.block);
   prepare(cb, p.tb, p.zero_code);
+  require(cfg.rounding == codebook_rounding::nearest ||
+              cfg.rounding == codebook_rounding::stochastic,
+          errc::invalid_argument, "config.rounding: not nearest or stochastic");
   p.stochastic = cfg.rounding == codebook_rounding::stochastic;
   p.rng = cfg.rng;
   if (absmax != nullptr) {

@@ -1,5 +1,6 @@
 #include <lowbit/kernels/tensor.hpp>
 
+#include <cstdint>
 #include <string>
 
 namespace lowbit::kernels {
@@ -115,9 +116,33 @@ void require_contiguous(const tensor_view& v, const char* arg) {
 void require_valid(const tensor_view& v, const char* arg) {
   require(v.ndim >= 0 && v.ndim <= max_dims, errc::invalid_argument,
           [&] { return std::string(arg) + ": at most 8 dimensions"; });
+  require(v.dev.type == device_type::cpu || v.dev.type == device_type::cuda, errc::invalid_argument,
+          [&] { return std::string(arg) + ": not a CPU or CUDA view"; });
   for (int i = 0; i < v.ndim; ++i)
     require(v.shape[i] >= 0, errc::invalid_argument,
             [&] { return std::string(arg) + ": negative extent in shape " + v.shape_string(); });
+  bool empty = false;
+  for (int i = 0; i < v.ndim; ++i)
+    empty = empty || v.shape[i] == 0;
+  if (!empty) {
+    // The element count and the bytes the elements span must fit 64 bits: beyond, numel()
+    // and the kernels' offsets would wrap around (a shape of 3 x 2^62 read as no element).
+    std::int64_t n = 1, reach = 0, step = 0;
+    bool fits = true;
+    for (int i = 0; i < v.ndim && fits; ++i) {
+      const std::int64_t st = v.strides[i];
+      fits = !__builtin_mul_overflow(n, v.shape[i], &n) && st != INT64_MIN &&
+             !__builtin_mul_overflow(v.shape[i] - 1, st < 0 ? -st : st, &step) &&
+             !__builtin_add_overflow(reach, step, &reach);
+    }
+    std::int64_t bytes = 0;
+    fits = fits && !__builtin_mul_overflow(reach + 1, static_cast<std::int64_t>(dtype_size(v.type)),
+                                           &bytes);
+    require(fits, errc::invalid_argument, [&] {
+      return std::string(arg) + ": shape " + v.shape_string() +
+             " (with its strides) spans more elements or bytes than 64 bits count";
+    });
+  }
   require(v.data != nullptr || v.numel() == 0, errc::invalid_argument,
           [&] { return std::string(arg) + ": null data pointer for a non-empty tensor"; });
 }

@@ -94,7 +94,7 @@ struct side_views {
 };
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0); // (a + b - 1) / b overflows for a block near INT64_MAX
 }
 
 // Block scales (gemm.hpp): [ceil(rows / block_rows), ceil(K / block_k)] float32 factors or

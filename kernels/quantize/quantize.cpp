@@ -59,6 +59,8 @@ void validate_target(const target& t, const char* arg) {
 }
 
 void validate_grouping(const grouping& g) {
+  require(static_cast<int>(g.k) <= static_cast<int>(grouping::kind::tiles), errc::invalid_argument,
+          "grouping: not one of tensor, rows, columns, blocks, tiles");
   if (g.k == grouping::kind::blocks)
     require(g.tile_cols >= 1, errc::invalid_argument, [&] {
       return "grouping: the block length must be >= 1, got " + std::to_string(g.tile_cols);
@@ -204,6 +206,8 @@ void quantize_delayed(const tensor_view& x, const tensor_view& codes, const tens
   check_float_vector(history, "history", x);
   require(history.numel() >= 1 && history.numel() <= 4096, errc::invalid_argument,
           "history: the amax history needs 1..4096 entries");
+  require(reduce == history_reduce::max || reduce == history_reduce::most_recent,
+          errc::invalid_argument, "reduce: not max or most_recent");
   p.x = x;
   p.codes = codes;
   p.scales = scale_pair;

@@ -1,6 +1,7 @@
 // The CPU twin of the cast kernels (lowbit::kernels::cast / decode) against emu element by
 // element: every input dtype, random shapes (empty, odd sizes), strided and transposed views,
 // one thread against two, stochastic bits keyed by logical index, and the argument checks.
+#include <climits>
 #include <cstring>
 #include <numeric>
 
@@ -359,6 +360,33 @@ TEST(cast, bad_arguments_are_refused_by_name) {
   on_gpu.dev = kn::device{kn::device_type::cuda, 0};
   expect_error([&] { kn::cast(fin, on_gpu, emu::e4m3fn, emu::rne); },
                lowbit::errc::invalid_argument, {"x", "out", "cuda:0"});
+  // Shapes whose element count or byte span does not fit 64 bits (3 x 2^62 elements wrapped
+  // to a negative count, and a cast of it returned as a no-op).
+  expect_error(
+      [&] {
+        kn::cast(view_of(in.data(), dtype::float32, {3, std::int64_t{1} << 62}),
+                 view_of(out.data(), dtype::uint8, {3, std::int64_t{1} << 62}), emu::e4m3fn,
+                 emu::rne);
+      },
+      lowbit::errc::invalid_argument, {"x", "64 bits"});
+  kn::tensor_view far = fin;
+  far.strides[0] = (std::int64_t{1} << 62) + 1; // row 1 lies beyond 64 bits of bytes
+  expect_error([&] { kn::cast(far, fout, emu::e4m3fn, emu::rne); }, lowbit::errc::invalid_argument,
+               {"x", "64 bits"});
+  // Enumerators and biases from integers that no enumerator or format has: refused before
+  // any arithmetic on them (emin() of bias INT_MIN overflowed int).
+  emu::policy odd_policy = emu::rne;
+  odd_policy.round = static_cast<emu::rounding>(42);
+  expect_error([&] { kn::cast(fin, fout, emu::e4m3fn, odd_policy); },
+               lowbit::errc::invalid_argument, {"rounding"});
+  expect_error(
+      [&] {
+        kn::cast(fin, fout, emu::format{4, 3, INT_MIN, emu::specials::fn}, emu::rne);
+      },
+      lowbit::errc::invalid_argument, {"bias"});
+  expect_error([&] { (void)emu::parse_format("e4m3b--5"); }, lowbit::errc::invalid_argument,
+               {"e4m3b--5"});
+  EXPECT_EQ(emu::parse_format("e4m3b-5").bias, -5);
 }
 
 } // namespace

@@ -8,6 +8,7 @@
 // against two; an independent bound against the exact sum; and the argument checks, each
 // message naming its argument.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -377,6 +378,17 @@ struct checks : ::testing::Test {
     const std::string msg = message(lowbit::errc::errc_value);                                     \
     EXPECT_EQ(msg.rfind(arg, 0), 0u) << "message: '" << msg << "' should start with " << arg;      \
   } while (0)
+
+TEST_F(checks, block_sizes_near_int64_max_are_one_block) {
+  // ceil(K / block) was (K + block - 1) / block, which overflowed for such blocks: the check
+  // then asked for no scales, and the empty ones reached the kernel as a null pointer.
+  ob.block_rows = 1;
+  ob.block_k = INT64_MAX;
+  ob.scales = kn::tensor_view{};
+  EXPECT_REFUSED(invalid_argument, "b.scales");
+  ob.scales = matrix(sb.data(), dtype::float32, 3, 1, 1); // one block per row: K in one
+  EXPECT_EQ(message(lowbit::errc::invalid_argument), "");
+}
 
 TEST_F(checks, the_good_call_runs) {
   EXPECT_EQ(message(lowbit::errc::invalid_argument), "");

@@ -72,6 +72,11 @@ struct format {
 // 0..23 bits (so every value and every midpoint is exact in double, and double arithmetic on
 // two values rounds innocuously), at least one normal binade, values inside double's range.
 constexpr const char* check_format(const format& f) {
+  // First, so that emin() and emax() below cannot overflow int.
+  if (f.bias < -(1 << 20) || f.bias > (1 << 20))
+    return "the bias must lie in -2^20..2^20 (the exponent range must lie inside double's)";
+  if (static_cast<int>(f.special) > static_cast<int>(specials::none))
+    return "specials is not one of ieee, fn, fnuz, none";
   if (f.exp_bits < 1 || f.exp_bits > 8)
     return "exponent bits must be in 1..8";
   if (f.man_bits < 0 || f.man_bits > 23)

@@ -62,6 +62,9 @@ inline format parse_format(std::string_view name) {
     bool neg = !s.empty() && s.front() == '-';
     if (neg)
       s.remove_prefix(1);
+    // Digits only: from_chars would take a second '-' ("b--5"), and -INT_MIN overflows.
+    if (s.empty() || s.front() < '0' || s.front() > '9')
+      return false;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
     if (ec != std::errc() || p == s.data())
       return false;

@@ -44,6 +44,15 @@ struct policy {
 };
 
 constexpr const char* check_policy(const policy& p) {
+  // (enumerators from a C++ caller's cast of an integer, which the switches would not know)
+  if (static_cast<int>(p.round) > static_cast<int>(rounding::stochastic))
+    return "rounding is not one of the roundings";
+  if (static_cast<int>(p.over) > static_cast<int>(overflow::nonsaturating))
+    return "overflow is not saturate or nonsaturating";
+  if (static_cast<int>(p.sub) > static_cast<int>(subnormals::flush))
+    return "subnormals is not keep or flush";
+  if (static_cast<int>(p.nan) > static_cast<int>(nan_sign::positive))
+    return "nan_sign is not preserve or positive";
   if (p.round == rounding::stochastic && (p.random_bits < 1 || p.random_bits > 32))
     return "stochastic rounding needs 1..32 random bits";
   if (p.round != rounding::stochastic && p.random_bits != 0)
