@@ -41,16 +41,23 @@ tensor_view tensor_view::contiguous(void* data, dtype t, std::initializer_list<s
   std::int64_t stride = 1;
   for (int k = v.ndim - 1; k >= 0; --k) {
     v.strides[k] = stride;
-    stride *= v.shape[k];
+    if (__builtin_mul_overflow(stride, v.shape[k], &stride)) // refused by require_valid
+      stride = INT64_MAX;
   }
   return v;
 }
 
 std::int64_t tensor_view::numel() const {
+  // Saturating at INT64_MAX (no count fits a view that require_valid lets through, and no
+  // overflow is undefined here): an empty extent anywhere still gives 0.
   std::int64_t n = 1;
-  for (int i = 0; i < ndim; ++i)
-    n *= shape[i];
-  return n;
+  bool over = false;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] == 0)
+      return 0;
+    over = over || __builtin_mul_overflow(n, shape[i], &n);
+  }
+  return over ? INT64_MAX : n;
 }
 
 bool tensor_view::is_contiguous() const {
@@ -60,7 +67,8 @@ bool tensor_view::is_contiguous() const {
   for (int k = ndim - 1; k >= 0; --k) {
     if (shape[k] != 1 && strides[k] != stride)
       return false;
-    stride *= shape[k];
+    if (__builtin_mul_overflow(stride, shape[k], &stride))
+      return k == 0; // only the outermost extent may carry the product past 64 bits
   }
   return true;
 }

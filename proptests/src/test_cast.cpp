@@ -61,7 +61,8 @@ kn::tensor_view view_of(void* data, dtype t, const std::vector<std::int64_t>& sh
   for (int k = v.ndim - 1; k >= 0; --k) {
     v.shape[k] = shape[static_cast<std::size_t>(k)];
     v.strides[k] = stride;
-    stride *= v.shape[k];
+    if (k > 0) // (the outermost extent multiplies no stride: 3 x 2^62 must not overflow here)
+      stride *= v.shape[k];
   }
   return v;
 }
