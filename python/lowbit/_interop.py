@@ -417,10 +417,8 @@ def _check_output(name: str, out: Any, others: list[tuple[str, Any]]) -> None:
     """An array written in place must not overlap itself (a zero stride: several elements in
     one place) nor any other argument of the call (the kernels would read what they already
     wrote): refused, as the results would depend on the order of the writes."""
-    shape = getattr(out, "shape", ())
-    strides = (out.stride() if is_torch(out) else getattr(out, "strides", None)) \
-        if is_torch(out) or is_numpy(out) else None
-    if strides is not None and any(st == 0 and n > 1 for n, st in zip(shape, strides)):
+    strides = out.stride() if is_torch(out) else out.strides if is_numpy(out) else ()
+    if any(st == 0 and n > 1 for n, st in zip(getattr(out, "shape", ()), strides)):
         raise ValueError(f"{name}: its elements overlap (a stride of 0, as in a broadcast or "
                          "expanded array); pass an array with a place for each element")
     mine = _byte_range(out)

@@ -16,6 +16,7 @@ from torch import nn
 
 from lowbit import _torch_ops as ops
 from lowbit.nn._autograd import differentiable_once
+from lowbit.nn._modules import replace_modules
 from lowbit.nn.recipe import (
     IDENTITY,
     LinearRecipe,
@@ -420,27 +421,5 @@ def convert(model: nn.Module, recipe: Optional[RecipeLike] = None, *,
 
     if wanted("", model):
         return LowPrecisionLinear.from_linear(model, rec)  # type: ignore[arg-type]
-    # In the order of named_modules(); a module reached twice (shared) is visited once, and a
-    # shared nn.Linear becomes one shared layer wherever it is used (the filter sees the name
-    # of its first use).
-    visited: set[int] = set()
-    done: dict[int, nn.Module] = {}
-
-    def swap(parent: nn.Module, prefix: str) -> None:
-        # _modules, not named_children(), which leaves out a module's second use
-        for child_name, child in list(parent._modules.items()):
-            if child is None:
-                continue
-            full = f"{prefix}.{child_name}" if prefix else child_name
-            if id(child) in done:
-                setattr(parent, child_name, done[id(child)])
-            elif id(child) not in visited:
-                visited.add(id(child))
-                if wanted(full, child):
-                    done[id(child)] = LowPrecisionLinear.from_linear(child, rec)
-                    setattr(parent, child_name, done[id(child)])
-                else:
-                    swap(child, full)
-
-    swap(model, "")
-    return model
+    return replace_modules(
+        model, lambda name, m: LowPrecisionLinear.from_linear(m, rec) if wanted(name, m) else None)

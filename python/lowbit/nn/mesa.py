@@ -45,6 +45,7 @@ from torch import nn
 
 from lowbit import _torch_ops as _ops
 from lowbit.nn._autograd import differentiable_once
+from lowbit.nn._modules import replace_modules
 
 __all__ = [
     "ActQuantizer",
@@ -864,33 +865,13 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     top = replacement("", model)
     if top is not None:
         return top
-    # A module used in several places becomes one Mesa module used in all of them (the filter
-    # sees the name of its first use).
-    visited: set[int] = set()
-    done: dict[int, nn.Module] = {}
 
-    def swap(parent: nn.Module, prefix: str) -> None:
-        # _modules, not named_children(), which leaves out a module's second use
-        for child_name, child in list(parent._modules.items()):
-            if child is None:
-                continue
-            full = f"{prefix}.{child_name}" if prefix else child_name
-            if id(child) in done:
-                setattr(parent, child_name, done[id(child)])
-                continue
-            if id(child) in visited:
-                continue
-            visited.add(id(child))
-            new = replacement(full, child)
-            if new is not None:
-                dev = next(child.parameters(), None)
-                done[id(child)] = new if dev is None else new.to(dev.device)
-                setattr(parent, child_name, done[id(child)])
-            else:
-                swap(child, full)
+    def moved(name: str, m: nn.Module) -> Optional[nn.Module]:
+        new = replacement(name, m)
+        dev = None if new is None else next(m.parameters(), None)
+        return new if dev is None else new.to(dev.device)
 
-    swap(model, "")
-    return model
+    return replace_modules(model, moved)
 
 
 def saved_bytes(fn: Callable[[], torch.Tensor], exclude: Optional[nn.Module] = None) -> int:
