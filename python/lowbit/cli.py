@@ -466,6 +466,13 @@ def _uint64_arg(text: str) -> int:
     return value
 
 
+def _random_bits(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 32:
+        raise argparse.ArgumentTypeError(f"expected random bits in 1..32, got {text}")
+    return value
+
+
 def _same_format(a: Any, b: Any) -> bool:
     return lowbit.parse_format(a) == lowbit.parse_format(b)
 
@@ -556,7 +563,7 @@ def _add_cast(sub: argparse._SubParsersAction) -> None:
                    help="keep or flush subnormal results (default keep)")
     p.add_argument("--nan-sign", default="preserve", choices=["preserve", "positive"],
                    help="sign of NaN results (default preserve)")
-    p.add_argument("--random-bits", type=int, default=None, metavar="K",
+    p.add_argument("--random-bits", type=_random_bits, default=None, metavar="K",
                    help="stochastic rounding: random bits per rounding, 1..32 (default 32)")
     p.add_argument("--seed", type=_uint64_arg, default=0, metavar="N",
                    help="stochastic rounding: Philox seed (default 0)")

@@ -82,6 +82,10 @@ def test_failures_exit_with_1_and_say_why_on_stderr(tmp_path, capsys):
     ["cast", "a.npy", "b.npy", "--format", "fp8"],
     ["cast", "a.npy", "b.npy", "--format", "e4m3fn", "--rounding", "nearest"],
     ["cast", "a.npy", "b.npy", "--format", "e4m3fn", "--seed", "-1"],
+    ["cast", "a.npy", "b.npy", "--format", "e4m3fn", "--rounding", "stochastic",
+     "--random-bits", "0"],
+    ["cast", "a.npy", "b.npy", "--format", "e4m3fn", "--rounding", "stochastic",
+     "--random-bits", "33"],
     ["decode", "a.npy", "b.npy", "--format", "e4m3fn", "--dtype", "int8"],
     ["decode", "a.npy"],
 ])
