@@ -526,7 +526,13 @@ std::int64_t ceil_div(std::int64_t n, std::int64_t k) {
 }
 
 void rethrow_renamed(const error& e, std::initializer_list<rename> renames) {
-  const std::string what = e.what();
+  std::string what = e.what();
+  // The second argument of kernels' require_same_shape ("a has shape (..) but b has shape (..)").
+  for (const rename& r : renames) {
+    const std::string second = std::string(" but ") + r.cpp + " has shape ";
+    if (const std::size_t at = what.find(second); at != std::string::npos)
+      what.replace(at + 5, std::strlen(r.cpp), r.py);
+  }
   for (const rename& r : renames) {
     const std::size_t len = std::strlen(r.cpp);
     if (what.compare(0, len, r.cpp) == 0 && what.size() > len &&

@@ -262,6 +262,8 @@ def test_out_into_a_strided_view():
      r"^out: expected shape \(4,\)"),
     (lambda: lowbit.cast_scaled(X, 2.0, "int8", out=np.empty(X.shape, np.uint8)), TypeError,
      r"^out: dtype uint8 is not supported; expected int8"),
+    (lambda: lowbit.cast_scaled(X, 2.0, "e4m3fn", out=np.empty((1,) + X.shape, np.uint8)),
+     ValueError, r"^x has shape .* but out has shape"),
 ])
 def test_bad_out_names_out(call, exc, message):
     with pytest.raises(exc, match=message):
