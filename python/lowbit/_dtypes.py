@@ -192,6 +192,8 @@ def codes_of(array: Any, arg: str = "codes", *, wide: bool = True) -> tuple[Any,
                             f"2.3; this is {torch.__version__})")
         if array.requires_grad:  # the codes of a tensor are data, not part of its graph
             array = array.detach()
+        if array.is_neg():  # a lazily negated view: its values' codes, not its memory's
+            array = array.resolve_neg()
         return array.view(code_dtype), f
     return array, None
 

@@ -88,6 +88,11 @@ def test_negative_views_are_read_as_their_values():
     assert im.is_neg()
     assert torch.equal(lowbit.cast(im, "e4m3fn"), lowbit.cast(im.resolve_neg(), "e4m3fn"))
     assert lowbit.verify(torch._neg_view(torch.tensor([0.5])), np.float32([-0.5])).ok
+    # float16 and bfloat16 tensors are read as their formats' codes: those of their values too.
+    for dt in (torch.float16, torch.bfloat16):
+        h = torch.tensor([1.0, -2.0, 0.375], dtype=dt)
+        assert torch.equal(lowbit.decode(torch._neg_view(h), dtype="float32"),
+                           (-h).float())
     with pytest.raises(ValueError, match="out: a torch negative view"):
         lowbit.cast(torch.randn(2), "e4m3fn", out=torch._neg_view(torch.zeros(2, dtype=torch.uint8)))
     with pytest.raises(ValueError, match=r"out: its elements overlap"):
