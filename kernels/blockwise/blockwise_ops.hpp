@@ -194,6 +194,58 @@ LOWBIT_HD inline std::uint32_t bucket_entry(const float* sum_hi, const float* su
   return bucket_step_entry(lo, i0 < i1 ? at : bucket_never - at);
 }
 
+// Pair tables: two step words per bucket, for codebooks whose index steps at most twice inside a
+// bucket (the unsigned dynamic map steps twice in 8 buckets of [0.5, 1), where its entries lie
+// 2^-7 apart and a bucket spans 2^-7), so that no bucket needs the bucket table's walk. Bucket
+// u's pair is e0 = bucket_step_entry(i, h1) and e1 = bucket_step_entry(0, h2): the index of t is
+// pair_index(e0, e1, bucket_low(t)), the bucket's first index i plus one for each step h <= low
+// (h = bucket_never: none). A table of the nonnegative buckets alone (u = 2j), 8 bytes each, is
+// addressed as the bucket table is, entry_address(base, bits) for t >= +0 with base the table's
+// address less bucket_bias.
+LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t pair_index(std::uint32_t e0, std::uint32_t e1,
+                                                           std::uint32_t low) {
+  return ((e0 + low) >> 24) + ((e1 + low) >> 24);
+}
+
+// Bucket u's pair (e[0], e[1]); false where its index steps more than twice. In a bucket j >= 1
+// of |t| bits [first, first + 0x1FFFF] the index is nondecreasing in t's bucket_low (mirrored for
+// negative t), so each step is the least low reaching the next index (binary searches of
+// nearest_index itself). Bucket 0 also takes every |t| below the floor, whatever its low bits: it
+// gets a pair only where one index holds from 0 to its last value. Host code (17 evaluations of
+// nearest_index per step).
+inline bool bucket_pair(const float* sum_hi, const float* sum_lo, std::uint32_t u,
+                        std::uint32_t (&e)[2]) {
+  const std::uint32_t sign = bucket_sign(u), first = bucket_first(u);
+  const auto index_at = [&](std::uint32_t low) { // low: bucket_low of the t it stands for
+    const std::uint32_t raw = sign != 0 ? low ^ 0x1FFFFu : low;
+    return nearest_index(sum_hi, sum_lo, bit_cast<float>(sign | first | raw));
+  };
+  if (first == 0) {
+    const std::uint32_t i = nearest_index(sum_hi, sum_lo, bit_cast<float>(sign));
+    if (nearest_index(sum_hi, sum_lo, bit_cast<float>(sign | bucket_last(u))) != i)
+      return false;
+    e[0] = bucket_step_entry(i, bucket_never);
+    e[1] = bucket_step_entry(0, bucket_never);
+    return true;
+  }
+  const std::uint32_t i = index_at(0), top = index_at(0x1FFFFu);
+  if (top - i > 2)
+    return false;
+  const auto least_reaching = [&](std::uint32_t target) { // index_at(low) >= target
+    if (top < target)
+      return bucket_never;
+    std::uint32_t below = 0, at = 0x1FFFFu; // index_at(below) < target <= index_at(at)
+    while (at - below > 1) {
+      const std::uint32_t mid = below + (at - below) / 2;
+      (index_at(mid) >= target ? at : below) = mid;
+    }
+    return at;
+  };
+  e[0] = bucket_step_entry(i, least_reaching(i + 1));
+  e[1] = bucket_step_entry(0, least_reaching(i + 2));
+  return true;
+}
+
 // The index from a step entry e and t's bits, in bits 24-31 of the word (the kernels store that
 // byte) and in the low byte.
 LOWBIT_HD LOWBIT_INLINE constexpr std::uint32_t

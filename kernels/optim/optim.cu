@@ -37,30 +37,36 @@ namespace {
 
 namespace bops = blockwise_ops;
 
+// The signed dynamic map's bucket table (every bucket steps at most once: simple_buckets) and
+// the pair table of the unsigned one's nonnegative buckets (two step words a bucket: it steps
+// twice in 8 buckets), as the step kernel's nearest_codes reads them (blockwise_ops.hpp). `ok`:
+// the maps are as the kernel takes them: the signed table simple, every pair there, the
+// unsigned map's index at every t <= -0 that of +0 (the kernel reads such t as +0: its
+// negative buckets all hold that one index), and both maps' buckets 0 and 1, where the
+// quotients below 2^-40 go, holding the index of zero.
 struct bucket_tables {
-  std::uint32_t u[2][bops::bucket_count]; // signed, unsigned
+  std::uint32_t s[bops::bucket_count];
+  std::uint32_t pair[bops::bucket_count]; // (e0, e1) of bucket 2j at 2j, 2j + 1
 };
-
-// The bucket tables of the two dynamic maps (blockwise_ops.hpp): the step kernel's nearest-entry
-// search, equal to nearest_index for every |t| <= 1.
-bucket_tables buckets_of(const optim_problem& p) {
-  bucket_tables b;
-  const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
-  for (int k = 0; k < 2; ++k)
-    for (std::uint32_t u = 0; u < bops::bucket_count; ++u)
-      b.u[k][u] = bops::bucket_entry(t[k]->sum_hi, t[k]->sum_lo, u);
-  return b;
-}
-
-// What nearest_codes takes of the bucket tables: the signed one simple, and buckets 0 and 1 of
-// both the index of zero.
-bool as_assumed(const optim_problem& p, const bucket_tables& b) {
-  bool ok = bops::simple_buckets(p.tb_signed);
-  const bops::tables* t[2] = {&p.tb_signed, &p.tb_unsigned};
-  for (int k = 0; k < 2; ++k) {
-    const std::uint32_t zero = bops::nearest_index(t[k]->sum_hi, t[k]->sum_lo, 0.0f);
-    for (std::uint32_t u = 0; u < 2; ++u)
-      ok = ok && b.u[k][u] == bops::bucket_step_entry(zero, bops::bucket_never);
+bool buckets_of(const optim_problem& p, bucket_tables& b) {
+  const bops::tables &ts = p.tb_signed, &tu = p.tb_unsigned;
+  bool ok = bops::simple_buckets(ts);
+  const std::uint32_t zs = bops::nearest_index(ts.sum_hi, ts.sum_lo, 0.0f);
+  const std::uint32_t zu = bops::nearest_index(tu.sum_hi, tu.sum_lo, 0.0f);
+  const std::uint32_t zero_entry = bops::bucket_step_entry(zu, bops::bucket_never);
+  const std::uint32_t no_step = bops::bucket_step_entry(0, bops::bucket_never);
+  for (std::uint32_t u = 0; u < bops::bucket_count; ++u) {
+    b.s[u] = bops::bucket_entry(ts.sum_hi, ts.sum_lo, u);
+    if (u < 2)
+      ok = ok && b.s[u] == bops::bucket_step_entry(zs, bops::bucket_never);
+    std::uint32_t e[2] = {0, 0};
+    ok = ok && bops::bucket_pair(tu.sum_hi, tu.sum_lo, u, e);
+    if (u % 2 == 0) {
+      b.pair[u] = e[0];
+      b.pair[u + 1] = e[1];
+    }
+    if (u < 2 || u % 2 == 1)
+      ok = ok && e[0] == zero_entry && e[1] == no_step;
   }
   return ok;
 }
@@ -79,9 +85,9 @@ step_tables resident_tables(const optim_problem& p) {
   });
   const std::lock_guard<std::mutex> lock(mu);
   if (at[dev] == nullptr) {
-    const bucket_tables b = buckets_of(p);
+    static bucket_tables b; // 48 KiB, built under the lock
     require(
-        as_assumed(p, b), errc::unsupported,
+        buckets_of(p, b), errc::unsupported,
         "optimizer step: the dynamic maps' bucket tables are not as the CUDA kernel takes them");
     std::vector<unsigned char> host(2 * sizeof(bops::tables) + sizeof(bucket_tables));
     std::memcpy(host.data(), &p.tb_signed, sizeof(bops::tables));

@@ -387,7 +387,8 @@ template <param_kind PK> __device__ __forceinline__ std::uint16_t param_code(flo
 // What a work block's code needs of its CUDA block besides the shared tables below: where the
 // bucket tables of states 0, 1 and 2 lie.
 struct step_shared {
-  // The bucket table's shared-memory address less bops::bucket_bias (bops::entry_address).
+  // Per state: the shared-memory address of the signed map's bucket table or of the unsigned
+  // map's pair table, less bops::bucket_bias (bops::entry_address).
   std::uint32_t bucket_base[3];
 };
 
@@ -396,25 +397,30 @@ struct step_shared {
 // reciprocal per block, bops::scaled_divisor (folded where the absmax allows, else scaled): the
 // correctly rounded quotient wherever it is at least 2^-42, and below 2^-40 in magnitude where it
 // is not, which lies in a bucket 0; both dynamic maps' buckets 0 hold the index of zero (the
-// launcher checks it), which is then nearest_index's answer too. The entry comes from the bucket
-// table: the step word alone where the table is simple (the signed dynamic map), else any entry
-// (the unsigned map crowds: 8 buckets walk).
-template <bool Simple>
-__device__ __forceinline__ void nearest_codes(const bops::tables& tq, std::uint32_t bucket_base,
-                                              std::uint32_t amax, const float (&sv)[EPT],
-                                              std::uint8_t (&c)[EPT]) {
+// launcher checks it), which is then nearest_index's answer too. The entry comes from the signed
+// map's bucket table (Signed: one step word a bucket) or the unsigned map's pair table (two step
+// words a bucket, one 8-byte load; its nonnegative buckets alone, t <= -0 read as +0, whose index
+// the launcher checks they have), without a branch either way.
+template <bool Signed>
+__device__ __forceinline__ void nearest_codes(std::uint32_t bucket_base, std::uint32_t amax,
+                                              const float (&sv)[EPT], std::uint8_t (&c)[EPT]) {
   const float a = amax == 0 ? 1.0f : __uint_as_float(amax); // all zero: x / 1 keeps x
   const bops::scaled_divisor div = bops::scaled_divisor::make(a);
   const auto code = [&](float t) -> std::uint8_t {
-    const std::uint32_t bits = __float_as_uint(t);
-    const std::uint32_t mask = bops::sign_mask(bits);
-    const std::uint32_t at = bops::entry_address(bops::signed_base(bucket_base, mask), bits);
-    std::uint32_t e;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(at));
-    if constexpr (Simple)
+    if constexpr (Signed) {
+      const std::uint32_t bits = __float_as_uint(t);
+      const std::uint32_t mask = bops::sign_mask(bits);
+      const std::uint32_t at = bops::entry_address(bops::signed_base(bucket_base, mask), bits);
+      std::uint32_t e;
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(e) : "r"(at));
       return static_cast<std::uint8_t>(bops::step_bucket_word(e, bits, mask) >> 24);
-    else
-      return static_cast<std::uint8_t>(bops::nearest_in_bucket(e, tq.sum_hi, tq.sum_lo, t));
+    } else {
+      const auto bits = static_cast<std::uint32_t>(max(__float_as_int(t), 0)); // t <= -0: +0
+      const std::uint32_t at = bops::entry_address(bucket_base, bits);
+      std::uint32_t e0, e1;
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(e0), "=r"(e1) : "r"(at));
+      return static_cast<std::uint8_t>(bops::pair_index(e0, e1, bits & 0x1FFFFu));
+    }
   };
   if (div.folded) {
 #pragma unroll
@@ -427,11 +433,12 @@ __device__ __forceinline__ void nearest_codes(const bops::tables& tq, std::uint3
   }
 }
 
-// The step kernel's shared memory: the two dynamic maps' tables (signed, unsigned), their bucket
-// tables, and the lane groups' reduction slots. At file scope, so that block_step reads the
-// tables by their shared addresses (no generic pointer per lookup).
+// The step kernel's shared memory: the two dynamic maps' tables (signed, unsigned), the signed
+// map's bucket table and the unsigned map's pair table (optim.cu's bucket_tables, as uploaded),
+// and the lane groups' reduction slots. At file scope, so that block_step reads the tables by
+// their shared addresses (no generic pointer per lookup).
 __shared__ bops::tables step_tb[2];
-__shared__ alignas(16) std::uint32_t step_bk[2][bops::bucket_count];
+__shared__ alignas(16) std::uint32_t step_bk[2 * bops::bucket_count];
 __shared__ std::uint32_t step_red[warps];
 
 // The number of states optimizer K keeps where it is fixed (-1: sgd and lars, one with momentum,
@@ -613,7 +620,7 @@ __device__ __forceinline__ void block_step(const optim_shared& sh, const optim_i
                                                                       j, q, ls.index(k))
                              : 0;
       } else {
-        nearest_codes<d::state_signed(K, q)>(step_tb[tq], ss.bucket_base[q], amax, sv, code);
+        nearest_codes<d::state_signed(K, q)>(ss.bucket_base[q], amax, sv, code);
       }
       store_lane<std::uint8_t>(dst, ls, code);
     }
@@ -810,14 +817,15 @@ __global__ void __launch_bounds__(optim_threads, 3)
   const std::uint8_t* forms = si.forms();
   if (si.eight) { // a call of 32-bit states only needs no codebook
     for (int k = threadIdx.x; k < 2 * static_cast<int>(bops::bucket_count); k += blockDim.x)
-      (&step_bk[0][0])[k] = bks[k];
+      step_bk[k] = bks[k];
     load_tables(tabs, step_tb); // synchronizes
   }
   constexpr int T0 = d::state_signed(K, 0) ? 0 : 1, T1 = d::state_signed(K, 1) ? 0 : 1,
                 T2 = d::state_signed(K, 2) ? 0 : 1;
   const std::uint32_t bases[2] = {
-      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[0])) - bops::bucket_bias,
-      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk[1])) - bops::bucket_bias};
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk)) - bops::bucket_bias,
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(step_bk + bops::bucket_count)) -
+          bops::bucket_bias};
   const step_shared ss{{bases[T0], bases[T1], bases[T2]}};
   const work_range<W> range = work_range<W>::of(items, count, total);
   constexpr int NS = S3 ? 3 : fixed_states(K);

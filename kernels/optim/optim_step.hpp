@@ -18,7 +18,8 @@ template <optimizer K> void launch_step3(const optim_problem& p, const exec& ex)
 // that the bucket tables are as the step kernel takes them (nearest_codes).
 struct step_tables {
   const blockwise_ops::tables* tabs; // [2]
-  const std::uint32_t* buckets;      // [2][blockwise_ops::bucket_count]
+  const std::uint32_t* buckets;      // the signed map's bucket table, then the unsigned map's
+                                     // pair table, bucket_count words each (optim.cu)
 };
 step_tables resident_tables(const optim_problem& p);
 

@@ -334,6 +334,93 @@ TEST(blockwise_codebook, bucket_search_equals_binary_search) {
   }
 }
 
+// The optimizer step kernels find the unsigned states' entries through a pair table (two step
+// words per bucket, blockwise_ops.hpp's bucket_pair) of the nonnegative buckets, reading t <= -0
+// as +0. Where every bucket of a codebook has a pair and its negative buckets all hold the index
+// of +0, the kernels' address and pair_index must give nearest_index for every |t| <= 1, checked
+// at every bucket's ends, at both steps of each pair and their neighbours, at every midpoint's
+// neighbours and at random t. The unsigned dynamic map must be such a codebook (the launcher
+// refuses the kernels otherwise); the signed one and one crowding three midpoints into a bucket
+// are not.
+TEST(blockwise_codebook, pair_table_equals_binary_search) {
+  namespace ops = lowbit::kernels::blockwise_ops;
+  const std::vector<float> crowd = lowbit::proptest::test::crowded_codebook_values();
+  const std::vector<codebook> cbs = {codebook::dynamic_tree(false), codebook::linear(false),
+                                     codebook::dynamic_tree(true),
+                                     codebook::from_values(crowd.data(), 256)};
+  std::mt19937_64 g(11);
+  const auto from_bits_of = [](std::uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  for (std::size_t c = 0; c < cbs.size(); ++c) {
+    ops::tables tb;
+    ops::prepare(cbs[c].values().data(), tb);
+    std::vector<std::uint32_t> pairs(ops::bucket_count); // bucket 2j's pair at 2j, 2j + 1
+    const std::uint32_t zero = ops::nearest_index(tb.sum_hi, tb.sum_lo, 0.0f);
+    bool usable = true;
+    for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
+      std::uint32_t e[2] = {0, 0};
+      usable = usable && ops::bucket_pair(tb.sum_hi, tb.sum_lo, u, e);
+      if (u % 2 == 0) {
+        pairs[u] = e[0];
+        pairs[u + 1] = e[1];
+      } else {
+        usable = usable && e[0] == ops::bucket_step_entry(zero, ops::bucket_never) &&
+                 e[1] == ops::bucket_step_entry(0, ops::bucket_never);
+      }
+    }
+    EXPECT_EQ(usable, c < 2) << "codebook " << c;
+    if (!usable)
+      continue;
+    constexpr std::uint32_t at0 = 0x10000u; // the table's address in the kernels' shared memory
+    int mismatches = 0;
+    const auto check = [&](float t) {
+      if (!(std::fabs(t) <= 1.0f))
+        return;
+      std::uint32_t bits = bits_of(t);
+      bits = static_cast<std::int32_t>(bits) < 0 ? 0u : bits; // as the kernels read t
+      const std::uint32_t at = ops::entry_address(at0 - ops::bucket_bias, bits);
+      if (at != at0 + 8 * (ops::bucket_of(from_bits_of(bits)) / 2)) {
+        if (++mismatches <= 5)
+          ADD_FAILURE() << "t = " << describe_input(t) << ": pair address " << at;
+        return;
+      }
+      const std::uint32_t j = (at - at0) / 4;
+      const std::uint32_t got = ops::pair_index(pairs[j], pairs[j + 1], bits & 0x1FFFFu);
+      const std::uint32_t want = ops::nearest_index(tb.sum_hi, tb.sum_lo, t);
+      if (got != want && ++mismatches <= 5)
+        ADD_FAILURE() << "codebook " << c << ", t = " << describe_input(t) << ": pair table "
+                      << got << ", binary search " << want;
+    };
+    for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
+      const std::uint32_t sign = ops::bucket_sign(u), first = ops::bucket_first(u);
+      std::vector<std::uint32_t> lows = {0u, 1u, 0x10000u, 0x1FFFEu, 0x1FFFFu};
+      for (int w = 0; w < 2; ++w) { // each step h of the bucket's pair and its neighbours
+        const std::uint32_t h = (1u << 24) - (pairs[(u & ~1u) + w] & 0xFFFFFFu);
+        if (h < ops::bucket_never)
+          for (std::uint32_t d : {h - 1u, h, h + 1u})
+            lows.push_back(d & 0x1FFFFu);
+      }
+      for (std::uint32_t low : lows)
+        check(from_bits_of(sign | first | low));
+    }
+    for (std::uint32_t ex = 0; ex <= (ops::bucket_floor >> 23); ++ex) // below the floor
+      for (std::uint32_t sign : {0u, 0x80000000u})
+        for (std::uint32_t m : {0u, 1u, 0x400000u, 0x7FFFFFu})
+          check(from_bits_of(sign | (ex << 23) | m));
+    for (int j = 0; j < 255; ++j) {
+      const float mid = (tb.value[j] + tb.value[j + 1]) / 2.0f;
+      for (float t : {mid, std::nextafter(mid, -2.0f), std::nextafter(mid, 2.0f), tb.value[j]})
+        check(t);
+    }
+    for (int i = 0; i < 1000000; ++i)
+      check(from_bits_of(static_cast<std::uint32_t>(g()) & 0xBFFFFFFFu)); // |t| < 2
+    EXPECT_EQ(mismatches, 0) << "codebook " << c;
+  }
+}
+
 float from_bits(std::uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
