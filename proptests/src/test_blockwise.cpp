@@ -391,8 +391,8 @@ TEST(blockwise_codebook, pair_table_equals_binary_search) {
       const std::uint32_t got = ops::pair_index(pairs[j], pairs[j + 1], bits & 0x1FFFFu);
       const std::uint32_t want = ops::nearest_index(tb.sum_hi, tb.sum_lo, t);
       if (got != want && ++mismatches <= 5)
-        ADD_FAILURE() << "codebook " << c << ", t = " << describe_input(t) << ": pair table "
-                      << got << ", binary search " << want;
+        ADD_FAILURE() << "codebook " << c << ", t = " << describe_input(t) << ": pair table " << got
+                      << ", binary search " << want;
     };
     for (std::uint32_t u = 0; u < ops::bucket_count; ++u) {
       const std::uint32_t sign = ops::bucket_sign(u), first = ops::bucket_first(u);
