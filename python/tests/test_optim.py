@@ -791,6 +791,33 @@ def test_cuda_step_equals_cpu_step_bitwise(cls, kw):
                 a.copy_(b.cpu())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls,kw", [(lo.AdamW8bit, dict(percentile_clipping=5)),
+                                    (lo.StableAdamW8bit, {}), (lo.LAMB8bit, {}), (lo.LARS, {}),
+                                    (lo.AdamW, dict(amsgrad=True))])
+def test_cuda_steps_do_not_synchronize_the_host(cls, kw):
+    """After the first step (which allocates the states), a step on CUDA parameters queues its
+    work without waiting for the device: percentile clipping's norms and history, the
+    pre-passes' per-tensor sums and the skip counts stay on the device."""
+    model = _mlp(5).cuda()
+    opt = cls(model.parameters(), lr=1e-3, **kw)
+    x = torch.randn(64, 32, device="cuda")
+
+    def step():
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 # ---- the general entry and GradScaler -----------------------------------------------------------
 
 def test_dlpack_entry_equals_the_torch_layer():
