@@ -391,9 +391,28 @@ def _usable(name: str, device: Device, first: bool = True) -> Device:
     return device
 
 
+def _cuda_layout(value: Any) -> tuple[int, tuple, tuple, int] | None:
+    """(pointer, shape, byte strides, item size) of an array with __cuda_array_interface__
+    (CuPy, Numba; strides None there means C order), or None."""
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if not isinstance(cai, dict):
+        return None
+    import numpy as np
+
+    shape = tuple(cai["shape"])
+    item = np.dtype(cai["typestr"]).itemsize
+    strides = cai.get("strides")
+    if strides is None:
+        strides, step = [], item
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    return cai["data"][0], shape, tuple(strides), item
+
+
 def _byte_range(value: Any) -> tuple[int, int] | None:
-    """[first, last + 1) byte addresses that a numpy or torch array's elements span, or None
-    for other arrays (their overlap is not checked)."""
+    """[first, last + 1) byte addresses that a numpy, torch or CUDA-array-interface array's
+    elements span, or None for other arrays (their overlap is not checked)."""
     if is_numpy(value):
         import numpy as np
 
@@ -410,6 +429,14 @@ def _byte_range(value: Any) -> tuple[int, int] | None:
         high = sum((n - 1) * st for n, st in zip(value.shape, value.stride()) if st > 0)
         item = value.element_size()
         return start + low * item, start + (high + 1) * item
+    cuda = _cuda_layout(value)
+    if cuda is not None:
+        start, shape, strides, item = cuda
+        if any(n == 0 for n in shape):
+            return None
+        low = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
+        high = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
+        return start + low, start + high + item
     return None
 
 
@@ -417,7 +444,9 @@ def _check_output(name: str, out: Any, others: list[tuple[str, Any]]) -> None:
     """An array written in place must not overlap itself (a zero stride: several elements in
     one place) nor any other argument of the call (the kernels would read what they already
     wrote): refused, as the results would depend on the order of the writes."""
-    strides = out.stride() if is_torch(out) else out.strides if is_numpy(out) else ()
+    cuda = None if is_torch(out) or is_numpy(out) else _cuda_layout(out)
+    strides = (out.stride() if is_torch(out) else out.strides if is_numpy(out)
+               else cuda[2] if cuda is not None else ())
     if any(st == 0 and n > 1 for n, st in zip(getattr(out, "shape", ()), strides)):
         raise ValueError(f"{name}: its elements overlap (a stride of 0, as in a broadcast or "
                          "expanded array); pass an array with a place for each element")

@@ -511,6 +511,32 @@ def test_mx_elements_are_exact_at_every_scale(fmt, top, mlt):
             assert np.array_equal(got[32 * b:32 * b + 32], want), (fmt, e, b)
 
 
+class _CudaArrayLike:
+    """The __cuda_array_interface__ of a CuPy array (never dereferenced here)."""
+
+    def __init__(self, ptr, shape, typestr, strides=None):
+        self.shape = shape
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape,
+                                         "typestr": typestr, "strides": strides, "version": 3}
+
+
+def test_cuda_array_interface_outputs_are_checked_for_overlap():
+    """CuPy arrays given as out= get the overlap checks of numpy and torch arrays (the checks
+    read __cuda_array_interface__: pointer, shape, byte strides)."""
+    from lowbit import _interop
+
+    x = _CudaArrayLike(0x10000, (4, 4), "<f4")  # 64 bytes from 0x10000
+    assert _interop._byte_range(x) == (0x10000, 0x10040)
+    assert _interop._byte_range(_CudaArrayLike(0x10000, (4, 2), "|u1", (-2, 1))) == \
+        (0x10000 - 6, 0x10002)
+    assert _interop._byte_range(_CudaArrayLike(0x10000, (0, 4), "<f4")) is None
+    with pytest.raises(ValueError, match="out overlaps x in memory"):
+        _interop._check_output("out", _CudaArrayLike(0x1003F, (4, 4), "|u1"), [("x", x)])
+    _interop._check_output("out", _CudaArrayLike(0x10040, (4, 4), "|u1"), [("x", x)])
+    with pytest.raises(ValueError, match=r"out: its elements overlap \(a stride of 0"):
+        _interop._check_output("out", _CudaArrayLike(0x20000, (4, 4), "|u1", (4, 0)), [])
+
+
 def test_an_output_that_overlaps_an_input_or_itself_is_refused():
     buf = np.arange(9, dtype=np.float32)
     with pytest.raises(ValueError, match="out overlaps x in memory"):
