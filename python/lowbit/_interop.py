@@ -391,9 +391,13 @@ def _usable(name: str, device: Device, first: bool = True) -> Device:
     return device
 
 
-def _cuda_layout(value: Any) -> tuple[int, tuple, tuple, int] | None:
-    """(pointer, shape, byte strides, item size) of an array with __cuda_array_interface__
-    (CuPy, Numba; strides None there means C order), or None."""
+def _strided_layout(value: Any) -> tuple[int, tuple, tuple, int] | None:
+    """(pointer, shape, byte strides, item size) of a torch tensor or an array with
+    __cuda_array_interface__ (CuPy, Numba; strides None there means C order), or None."""
+    if is_torch(value):
+        item = value.element_size()
+        return value.data_ptr(), tuple(value.shape), tuple(st * item for st in value.stride()), \
+            item
     cai = getattr(value, "__cuda_array_interface__", None)
     if not isinstance(cai, dict):
         return None
@@ -421,33 +425,25 @@ def _byte_range(value: Any) -> tuple[int, int] | None:
         lo, hi = np.lib.array_utils.byte_bounds(value) if hasattr(np.lib, "array_utils") \
             else np.byte_bounds(value)
         return lo, hi
-    if is_torch(value):
-        if value.numel() == 0:
-            return None
-        start = value.data_ptr()
-        low = sum((n - 1) * st for n, st in zip(value.shape, value.stride()) if st < 0)
-        high = sum((n - 1) * st for n, st in zip(value.shape, value.stride()) if st > 0)
-        item = value.element_size()
-        return start + low * item, start + (high + 1) * item
-    cuda = _cuda_layout(value)
-    if cuda is not None:
-        start, shape, strides, item = cuda
-        if any(n == 0 for n in shape):
-            return None
-        low = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
-        high = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
-        return start + low, start + high + item
-    return None
+    layout = _strided_layout(value)
+    if layout is None:
+        return None
+    start, shape, strides, item = layout
+    if any(n == 0 for n in shape):
+        return None
+    low = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
+    high = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
+    return start + low, start + high + item
 
 
 def _check_output(name: str, out: Any, others: list[tuple[str, Any]]) -> None:
     """An array written in place must not overlap itself (a zero stride: several elements in
     one place) nor any other argument of the call (the kernels would read what they already
     wrote): refused, as the results would depend on the order of the writes."""
-    cuda = None if is_torch(out) or is_numpy(out) else _cuda_layout(out)
-    strides = (out.stride() if is_torch(out) else out.strides if is_numpy(out)
-               else cuda[2] if cuda is not None else ())
-    if any(st == 0 and n > 1 for n, st in zip(getattr(out, "shape", ()), strides)):
+    layout = None if is_numpy(out) else _strided_layout(out)
+    shape, strides = (out.shape, out.strides) if is_numpy(out) else \
+        (layout[1], layout[2]) if layout is not None else ((), ())
+    if any(st == 0 and n > 1 for n, st in zip(shape, strides)):
         raise ValueError(f"{name}: its elements overlap (a stride of 0, as in a broadcast or "
                          "expanded array); pass an array with a place for each element")
     mine = _byte_range(out)
