@@ -13,8 +13,10 @@ training step. Variants: `bf16` (the model as it is, attention by scaled_dot_pro
 as timm runs it), `bf16_explicit` (softmax(q k^T) v written out, timm's fused_attn=False),
 `mesa_explicit` (lowbit.nn.mesa.convert, the paper's attention core: q, k, the softmax output
 and v saved in 8 bits), `mesa_sdpa` (Mesa with the fused attention core recomputed in backward
-from 8-bit q, k, v), and both with `_lagged` (each batch encoded by the estimates of the batches
-before it, updated from the same read: one pass over each saved tensor instead of two). For each:
+from 8-bit q, k, v), both with `_lagged` (each batch encoded by the estimates of the batches
+before it, updated from the same read: one pass over each saved tensor instead of two), and any
+of those with `_mlp` (the MLP as one MesaMlp: its input and hidden saved, fc2's input recomputed
+from the hidden in backward, where module by module fc2 saves its own). For each:
 - activation_MiB: torch.cuda.max_memory_allocated during one training step minus the memory
   allocated when it starts (the parameters and the optimizer's states; the gradients are freed
   between steps, so they count in the step's peak, equally in every variant);
@@ -120,7 +122,9 @@ def build(variant: str, cfg: dict, device: str) -> nn.Module:
     if variant.startswith("mesa"):
         import lowbit.nn.mesa as mesa
 
-        mesa.convert(model, core=variant.split("_")[1], lagged=variant.endswith("_lagged"),
+        kinds = ("linear", "layernorm", "gelu", "attention") + (
+            ("mlp",) if variant.endswith("_mlp") else ())
+        mesa.convert(model, core=variant.split("_")[1], lagged="_lagged" in variant, layers=kinds,
                      filter=lambda name, m: name.startswith("blocks."))
     return model
 
@@ -240,10 +244,13 @@ def train_comparison(steps: int, device: str, plot: str | None) -> dict:
     res = {"bf16" if not small else "float32": _tiny.train("nn_linear", steps, batch, device, 0,
                                                            **kw)}
     res["mesa"] = _tiny.train("nn_linear", steps, batch, device, 0, mesa={}, **kw)
-    base, m = list(res.values())
+    res["mesa, fused MLP"] = _tiny.train("nn_linear", steps, batch, device, 0,
+                                         mesa={"layers": ("attention", "mlp")}, **kw)
+    base, m, mm = list(res.values())
     out = {"steps": steps, "batch": batch, "model": "small" if small else "default",
            "final": {k: v["final"] for k, v in res.items()},
            "final_ratio": m["final"] / base["final"],
+           "final_ratio_fused_mlp": mm["final"] / base["final"],
            "ms_per_step": {k: 1e3 * v["s_per_step"] for k, v in res.items()},
            "losses": {k: v["losses"] for k, v in res.items()}}
     if plot:
@@ -309,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         train = train_comparison(a.train_steps, a.device, a.plot)
         print(f"training ({train['steps']} steps, batch {train['batch']}): final losses "
               + ", ".join(f"{k} {v:.4f}" for k, v in train["final"].items())
-              + f"; mesa / baseline = {train['final_ratio']:.4f} (goal within 1%)")
+              + f"; mesa / baseline = {train['final_ratio']:.4f}, fused MLP "
+              f"{train['final_ratio_fused_mlp']:.4f} (goal within 1%)")
     meta = {"model": a.model, **cfg, "tokens": TOKENS, "batch": a.batch, "device": a.device,
             "torch": torch.__version__, "seconds": time.perf_counter() - t0}
     if a.device.startswith("cuda"):

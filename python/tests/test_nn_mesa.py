@@ -291,6 +291,90 @@ def test_sdpa_core_backward_is_exact_on_dequantized_qkv():
     assert mesa.saved_bytes(lambda: attn.attend(qkv)) == qkv.numel() + 12 * 4 * 2
 
 
+class Mlp(torch.nn.Module):  # timm's Mlp structure (dropout 0, no norm)
+    def __init__(self, dim, hidden, act=torch.nn.GELU):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(dim, hidden), act(), torch.nn.Linear(
+            hidden, dim)
+        self.drop1, self.norm, self.drop2 = torch.nn.Dropout(0.0), torch.nn.Identity(), \
+            torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+@pytest.mark.parametrize("act,fn", [
+    (torch.nn.GELU, torch.nn.functional.gelu),
+    (lambda: torch.nn.GELU("tanh"), lambda t: torch.nn.functional.gelu(t, approximate="tanh")),
+    (torch.nn.SiLU, torch.nn.functional.silu), (torch.nn.ReLU, torch.nn.functional.relu)])
+def test_mlp_backward_is_exact_on_dequantized_input_and_hidden(act, fn):
+    """MesaMlp's backward is autograd's exact backward of fc2(act(h)), h = fc1(x), with x and h
+    replaced by their dequantized 8-bit copies: fc2 reads act(dequantized h)."""
+    torch.manual_seed(5)
+    ref = Mlp(24, 40, act)
+    m = mesa.MesaMlp.from_mlp(ref, groups=3)
+    assert type(m.fc2) is torch.nn.Linear and m.fc1.quant.groups == 3
+    x = torch.randn(5, 7, 24, requires_grad=True)
+    sx = {k[len("fc1.quant."):]: v for k, v in states(m).items() if k.startswith("fc1.quant.")}
+    sh = {k[len("act.quant."):]: v for k, v in states(m).items() if k.startswith("act.quant.")}
+    y = m(x)
+    assert torch.equal(y, ref(x))  # the exact forward
+    gy = torch.randn_like(y)
+    params = [m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias]
+    got = grads(y, [x, *params], gy)
+    f = torch.nn.functional
+    xd = dequantized(m.fc1.quant, x, sx).requires_grad_()
+    hd = dequantized(m.act.quant, f.linear(x, ref.fc1.weight, ref.fc1.bias), sh)
+    hd.requires_grad_()
+    w1, b1, w2, b2 = (p.detach().requires_grad_() for p in params)
+    gw2, gb2, gh = grads(f.linear(fn(hd), w2, b2), [w2, b2, hd], gy)
+    gx, gw1, gb1 = grads(f.linear(xd, w1, b1), [xd, w1, b1], gh)
+    for g, w in zip(got, (gx, gw1, gb1, gw2, gb2)):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    # Two 8-bit tensors (and the estimates' copies: 3 groups, 1 group) where three modules keep
+    # three: the hidden's act(h) is not kept.
+    assert mesa.saved_bytes(lambda: m(x), exclude=m) == x.numel() + 40 * 35 + 8 * (3 + 1)
+
+
+def test_convert_picks_mlp_only_when_asked_and_loads_module_by_module_state():
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(Mlp(16, 32), Mlp(16, 32))
+    net[1].drop1.p = 0.1  # dropout between fc1 and fc2: converted module by module
+    per_module = mesa.convert(copy.deepcopy(net))
+    assert type(per_module[0].fc2) is mesa.MesaLinear
+    fused = mesa.convert(net, layers=("linear", "gelu", "mlp"))
+    assert type(fused[0]) is mesa.MesaMlp and type(fused[1]) is Mlp
+    assert type(fused[1].fc1) is mesa.MesaLinear and type(fused[1].act) is mesa.MesaGELU
+    x = torch.randn(3, 16, requires_grad=True)
+    per_module(x).sum().backward()
+    # The module-by-module state_dict (fc2.quant's estimates too) loads strictly.
+    fused.load_state_dict(per_module.state_dict())
+    assert torch.equal(fused[0].act.quant.alpha, per_module[0].act.quant.alpha)
+    with pytest.raises(ValueError, match="act"):
+        mesa.MesaMlp(4, 8, act="tanh")
+
+
+def test_tiny_block_with_the_fused_mlp():
+    torch.manual_seed(3)
+    blk = _tiny.Block(32, 4, 128)
+    a = mesa.MesaTinyBlock(copy.deepcopy(blk), core="sdpa")
+    b = mesa.MesaTinyBlock(copy.deepcopy(blk), core="sdpa", mlp=True)
+    assert type(b.fc2) is torch.nn.Linear and "fc2.quant.alpha" not in b.state_dict()
+    x = torch.randn(2, 6, 32, requires_grad=True)
+    ya, yb = a(x), b(x)
+    assert torch.equal(ya, yb)
+    ya.square().sum().backward()
+    yb.square().sum().backward()
+    # Everything before fc2's weight gradient reads the same codes: the attention's gradients
+    # are equal, fc2's weight gradient reads act(dequantized h) instead of an 8-bit act(h).
+    for name in ("qkv.weight", "proj.weight", "norm1.weight"):
+        pa, pb = a.get_parameter(name), b.get_parameter(name)
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=0.05, atol=1e-3)
+    ga, gb = a.fc2.weight.grad, b.fc2.weight.grad
+    assert not torch.equal(ga, gb) and ((ga - gb).norm() / ga.norm()) < 0.05
+    b.load_state_dict(a.state_dict())  # the module-by-module block's keys load
+
+
 def test_sdpa_core_loads_the_estimates_of_separate_q_k_v_quantizers():
     """A state_dict from before q, k and v were saved as one tensor (quant_q, quant_k, quant_v,
     a group per head each) loads: they are quant_qkv's groups in that order."""
@@ -333,6 +417,8 @@ def identity(m):
     (lambda: mesa.MesaSoftmaxMatMul(groups=2), [(1, 2, 3, 3), (1, 2, 3, 4)]),
     (lambda: mesa.MesaAttention(8, 2, qkv_bias=True), [(2, 3, 8)]),
     (lambda: mesa.MesaAttention(8, 2, core="sdpa"), [(2, 3, 8)]),
+    (lambda: mesa.MesaMlp(6, 10, act="gelu_tanh", groups=2), [(3, 6)]),
+    (lambda: mesa.MesaMlp(6, 10, act="silu", bias=False), [(2, 2, 6)]),
 ])
 def test_gradcheck_float64_identity_quantization(make, inputs):
     torch.manual_seed(7)
@@ -430,7 +516,7 @@ def test_empty_batches_train(shape):
     # An empty batch or an empty run of tokens: forward and backward run, the gradients are
     # empty or zero, and the estimates stay unset (no value to estimate them from).
     modules = [mesa.MesaLinear(16, 8, groups=2), mesa.MesaGELU(), mesa.MesaSiLU(),
-               mesa.MesaReLU(), mesa.MesaLayerNorm(16, groups=4)]
+               mesa.MesaReLU(), mesa.MesaLayerNorm(16, groups=4), mesa.MesaMlp(16, 24)]
     if len(shape) == 3:
         modules.append(mesa.MesaAttention(16, 2))
     for m in modules:
@@ -516,6 +602,11 @@ COMPILED = {
     "matmul": (lambda: mesa.MesaMatMul(groups=2), [(2, 2, 4, 8), (2, 2, 8, 4)]),
     "softmax_matmul": (lambda: mesa.MesaSoftmaxMatMul(groups=2), [(2, 2, 4, 4), (2, 2, 4, 8)]),
     "attention": (lambda: mesa.MesaAttention(16, 2), [(2, 5, 16)]),
+    "mlp": (lambda: mesa.MesaMlp(16, 32, groups=2), [(4, 16)]),
+    "mlp_relu": (lambda: mesa.MesaMlp(16, 32, act="relu"), [(4, 16)]),
+    "tiny_vit_fused_mlp": (lambda: mesa.convert(_tiny.TinyViT(width=32, depth=2, heads=2),
+                                                layers=("attention", "mlp")),
+                           [(4, 3, 32, 32)]),
     "converted_tiny_vit": (lambda: mesa.convert(_tiny.TinyViT(width=32, depth=2, heads=2)),
                            [(4, 3, 32, 32)]),
 }
@@ -631,7 +722,8 @@ def test_lagged_linear_backward_uses_the_estimates_that_encoded_it():
 @pytest.mark.gpu
 @pytest.mark.parametrize("core", ["explicit", "sdpa"])
 @pytest.mark.parametrize("lagged", [False, True])
-def test_cuda_tiny_vit_under_autocast(core, lagged):
+@pytest.mark.parametrize("mlp", [False, True])
+def test_cuda_tiny_vit_under_autocast(core, lagged, mlp):
     """On CUDA under bfloat16 autocast: the converted ViT's forward is the original's, its
     backward equals the exact backward on the dequantized saved tensors up to the bf16 matmuls'
     reordering (checked loosely here: the CPU tests check it exactly), the estimates live on the
@@ -645,7 +737,8 @@ def test_cuda_tiny_vit_under_autocast(core, lagged):
     torch.manual_seed(16)
     model = _tiny.TinyViT(width=64, depth=2, heads=4).cuda()
     ref = copy.deepcopy(model)
-    mesa.convert(model, core=core, lagged=lagged, filter=_tiny.only_blocks)
+    mesa.convert(model, core=core, lagged=lagged, filter=_tiny.only_blocks,
+                 layers=("attention", "mlp") if mlp else ("attention",))
     for step, (x, y) in enumerate(_tiny.make_data(3, 16, 0, "cuda")):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out, want = model(x), ref(x)
@@ -691,6 +784,7 @@ def test_a_gradient_of_the_gradient_is_refused_not_dropped():
     """The backward reads 8-bit copies: differentiating its gradients again raises."""
     torch.manual_seed(18)
     for m, shape in ((mesa.MesaGELU(), (4, 16)), (mesa.MesaLinear(16, 8), (4, 16)),
+                     (mesa.MesaMlp(16, 8), (4, 16)),
                      (mesa.MesaAttention(16, 2, core="sdpa"), (2, 5, 16))):
         x = torch.randn(*shape, requires_grad=True)
         (gx,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)

@@ -17,6 +17,8 @@ MesaLayerNorm         its input; the statistics are recomputed from it in backwa
 MesaSoftmax           its output
 MesaMatMul            both operands of a @ b (or a @ b^T)
 MesaSoftmaxMatMul     softmax(s) @ v: the softmax output once (both backwards read it) and v
+MesaMlp               timm's Mlp: its input and the hidden h = fc1(x) (fc2's input act(h) is
+                      recomputed from h in backward)
 MesaAttention         timm's Attention: qkv and proj inputs, the attention core as above
                       (``core="explicit"``, the paper's) or the qkv projection's output (q, k,
                       v as one tensor, a group per head of each) for a fused
@@ -54,6 +56,7 @@ __all__ = [
     "MesaLayerNorm",
     "MesaLinear",
     "MesaMatMul",
+    "MesaMlp",
     "MesaReLU",
     "MesaSiLU",
     "MesaSoftmax",
@@ -320,12 +323,18 @@ class _PointwiseFn(torch.autograd.Function):
     def backward(ctx, gy):
         xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
         with torch.autocast(gy.device.type, enabled=False):
-            if ctx.grad is not None:
-                return ctx.grad(gy, xd), None, None, None
-            xd.requires_grad_()
-            with torch.enable_grad():
-                (gx,) = torch.autograd.grad(ctx.fn(xd), xd, gy)
-        return gx, None, None, None
+            return _pointwise_grad(ctx.fn, ctx.grad, gy, xd), None, None, None
+
+
+def _pointwise_grad(fn, grad, gy: torch.Tensor, xd: torch.Tensor) -> torch.Tensor:
+    """gy times fn's derivative at xd: `grad(gy, xd)` where the module has it (the derivative
+    kernel autograd itself runs, without evaluating fn again), else autograd through fn."""
+    if grad is not None:
+        return grad(gy, xd)
+    xd = xd.detach().requires_grad_()
+    with torch.enable_grad():
+        (gx,) = torch.autograd.grad(fn(xd), xd, gy)
+    return gx
 
 
 class _Pointwise(nn.Module):
@@ -382,7 +391,11 @@ class _ReLUFn(torch.autograd.Function):
     @differentiable_once
     def backward(ctx, gy):
         xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
-        return gy * (xd > 0).to(gy.dtype), None
+        return _relu_grad(gy, xd), None
+
+
+def _relu_grad(gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return gy * (x > 0).to(gy.dtype)
 
 
 class MesaReLU(_Pointwise):
@@ -391,10 +404,135 @@ class MesaReLU(_Pointwise):
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x)
 
+    def _grad(self, gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return _relu_grad(gy, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _needs_saving(self, x):
             return F.relu(x)
         return _ReLUFn.apply(x, self.quant)
+
+
+# ---- the MLP: fc2(act(fc1(x))) -----------------------------------------------------------------
+
+
+class _MlpFn(torch.autograd.Function):
+    """fc2(act(fc1(x))) keeping two tensors in 8 bits, x (fc1.quant) and h = fc1(x)
+    (act.quant): fc2's input act(h) is not saved but recomputed in backward from the
+    dequantized h, the tensor act's own backward reads. The backward equals autograd's exact
+    backward of the MLP with x and h replaced by their dequantized values."""
+
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, qx, qh, act, dtype):
+        xc = x.to(dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            h = F.linear(xc, w1.to(dtype), _cast(b1, dtype))
+            y = F.linear(act._fn(h), w2.to(dtype), _cast(b2, dtype))
+        px = qx.pack(xc) if ctx.needs_input_grad[1] else ()
+        ph = qh.pack(h)
+        ctx.qx, ctx.qh, ctx.act, ctx.dtype, ctx.x_dtype = qx, qh, act, dtype, x.dtype
+        ctx.n_x, ctx.n_h = len(px), len(ph)
+        _stash(ctx, [*px, *ph, w1, b1, w2, b2])
+        return y
+
+    @staticmethod
+    @differentiable_once
+    def backward(ctx, gy):
+        saved = _unstash(ctx)
+        px, ph = tuple(saved[:ctx.n_x]), tuple(saved[ctx.n_x:ctx.n_x + ctx.n_h])
+        w1, b1, w2, b2 = saved[-4:]
+        need = ctx.needs_input_grad
+        dt = ctx.dtype
+        gy = gy.to(dt)
+        gx = gw1 = gb1 = gw2 = gb2 = None
+        with torch.autocast(gy.device.type, enabled=False):
+            hd = ctx.qh.unpack(ph, dt)
+            gy2 = gy.reshape(-1, gy.shape[-1])
+            if need[3]:
+                a = ctx.act._fn(hd)
+                gw2 = (gy2.t() @ a.reshape(-1, a.shape[-1])).to(w2.dtype)
+                del a
+            if b2 is not None and need[4]:
+                gb2 = gy2.sum(0).to(b2.dtype)
+            if need[0] or need[1] or need[2]:
+                gh = _pointwise_grad(ctx.act._fn, ctx.act._grad, gy @ w2.to(dt), hd)
+                del hd
+                gh2 = gh.reshape(-1, gh.shape[-1])
+                if need[0]:
+                    gx = (gh @ w1.to(dt)).to(ctx.x_dtype)
+                if need[1]:
+                    xd = ctx.qx.unpack(px, dt)
+                    gw1 = (gh2.t() @ xd.reshape(-1, xd.shape[-1])).to(w1.dtype)
+                if b1 is not None and need[2]:
+                    gb1 = gh2.sum(0).to(b1.dtype)
+        return gx, gw1, gb1, gw2, gb2, None, None, None, None
+
+
+def _mlp(x: torch.Tensor, fc1: "MesaLinear", act: "_Pointwise", fc2: nn.Linear) -> torch.Tensor:
+    if not _needs_saving(fc1, x, fc1.weight, fc1.bias, fc2.weight, fc2.bias):
+        return fc2(act._fn(fc1(x)))
+    return _MlpFn.apply(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc1.quant, act.quant,
+                        act, _low(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias))
+
+
+# The Mesa counterpart of an MLP's activation module, with its quantizer's settings.
+_ACTS = {nn.GELU: lambda m, **q: MesaGELU(m.approximate, **q),
+         nn.SiLU: lambda m, **q: MesaSiLU(**q), nn.ReLU: lambda m, **q: MesaReLU(**q)}
+
+
+class MesaMlp(nn.Module):
+    """timm's Mlp (fc1, act, fc2; GELU, SiLU or ReLU; no dropout, no norm) keeping two 8-bit
+    tensors for backward where MesaLinear, MesaGELU and MesaLinear keep three: x (``fc1.quant``,
+    ``groups`` along channels) and the hidden h = fc1(x) (``act.quant``, one group); fc2's input
+    act(h) is recomputed from the dequantized h in backward. The state_dict has fc1's and fc2's
+    keys and the two quantizers'; fc2.quant.alpha/beta of a module-by-module conversion are
+    ignored on loading."""
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: Optional[int] = None,
+                 act: str = "gelu", bias: bool = True, *, groups: int = 1, **quant) -> None:
+        super().__init__()
+        acts = {"gelu": MesaGELU, "gelu_tanh": lambda **q: MesaGELU("tanh", **q),
+                "silu": MesaSiLU, "relu": MesaReLU}
+        if act not in acts:
+            raise ValueError(f"act: expected one of {sorted(acts)}, got {act!r}")
+        self.fc1 = MesaLinear(in_features, hidden_features, bias, groups=groups, **quant)
+        self.act = acts[act](groups=1, **quant)
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features, bias)
+
+    @staticmethod
+    def supports(m: nn.Module) -> bool:
+        """Whether ``m`` is an Mlp from_mlp takes: Linear fc1 and fc2, GELU/SiLU/ReLU act, no
+        dropout, no norm between them."""
+        if type(m).__name__ != "Mlp" or type(getattr(m, "act", None)) not in _ACTS:
+            return False
+        if type(getattr(m, "fc1", None)) is not nn.Linear or \
+                type(getattr(m, "fc2", None)) is not nn.Linear:
+            return False
+        for name in ("drop", "drop1", "drop2"):
+            if getattr(getattr(m, name, None), "p", 0.0):
+                return False
+        return isinstance(getattr(m, "norm", nn.Identity()), nn.Identity)
+
+    @classmethod
+    def from_mlp(cls, m: nn.Module, groups: int = 1, **quant) -> "MesaMlp":
+        if not cls.supports(m):
+            raise ValueError("MesaMlp.from_mlp: expected an Mlp of Linear fc1 and fc2 with a "
+                             "GELU, SiLU or ReLU act, no dropout and no norm")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.fc1 = MesaLinear.from_linear(m.fc1, groups, **quant)
+        new.act = _ACTS[type(m.act)](m.act, **quant).to(m.fc1.weight.device)
+        new.fc2 = m.fc2
+        new.train(m.training)
+        return new
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        for key in ("alpha", "beta"):  # a module-by-module conversion's third quantizer
+            state_dict.pop(f"{prefix}fc2.quant.{key}", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _mlp(x, self.fc1, self.act, self.fc2)
 
 
 # ---- LayerNorm ------------------------------------------------------------------------------
@@ -757,11 +895,13 @@ class MesaAttention(nn.Module):
 
 class MesaTinyBlock(nn.Module):
     """lowbit._tiny.Block (the library's small ViT) with Mesa modules: the same parameters and
-    state_dict keys (norm1, qkv, proj, norm2, fc1, fc2), plus the quantizers."""
+    state_dict keys (norm1, qkv, proj, norm2, fc1, fc2), plus the quantizers. ``mlp=True``: the
+    MLP saves as MesaMlp does (x and h; fc2 keeps no quantizer)."""
 
     def __init__(self, blk: nn.Module, core: str = "explicit", groups: int = 1,
-                 **quant) -> None:
+                 mlp: bool = False, **quant) -> None:
         super().__init__()
+        self.fused_mlp = mlp
         self.heads = blk.heads
         self.norm1 = MesaLayerNorm.from_layernorm(blk.norm1, groups, **quant)
         self.qkv = MesaLinear.from_linear(blk.qkv, groups, **quant)
@@ -769,7 +909,7 @@ class MesaTinyBlock(nn.Module):
         self.norm2 = MesaLayerNorm.from_layernorm(blk.norm2, groups, **quant)
         self.fc1 = MesaLinear.from_linear(blk.fc1, groups, **quant)
         self.act = MesaGELU(groups=groups, **quant)
-        self.fc2 = MesaLinear.from_linear(blk.fc2, groups, **quant)
+        self.fc2 = blk.fc2 if mlp else MesaLinear.from_linear(blk.fc2, groups, **quant)
         width = blk.qkv.in_features
         self.attn = MesaAttention.__new__(MesaAttention)
         nn.Module.__init__(self.attn)
@@ -785,7 +925,15 @@ class MesaTinyBlock(nn.Module):
         b, t, c = x.shape
         a = self.attn.attend(self.qkv(self.norm1(x)))
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        if self.fused_mlp:
+            return x + _mlp(self.norm2(x), self.fc1, self.act, self.fc2)
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        if self.fused_mlp:  # a module-by-module conversion's fc2 quantizer
+            for key in ("alpha", "beta"):
+                state_dict.pop(f"{prefix}fc2.quant.{key}", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 # ---- convert ----------------------------------------------------------------------------------
@@ -812,7 +960,10 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     the same parameters: timm's Attention -> MesaAttention (``core``), nn.Linear -> MesaLinear,
     nn.LayerNorm -> MesaLayerNorm, nn.GELU / nn.SiLU / nn.ReLU -> MesaGELU / MesaSiLU /
     MesaReLU, nn.Softmax -> MesaSoftmax; lowbit._tiny's Block -> MesaTinyBlock. ``filter(name,
-    module)`` picks candidates (all without one), ``layers`` the kinds; ``momentum``,
+    module)`` picks candidates (all without one), ``layers`` the kinds. The kind "mlp" (not
+    among the defaults) makes timm's Mlp a MesaMlp, which saves two tensors where its three
+    modules save three (and MesaTinyBlock's MLP likewise); an Mlp MesaMlp does not take
+    (dropout, a norm) is converted module by module. ``momentum``,
     ``rounding``, ``random_bits``, ``lagged``: those of every :class:`ActQuantizer`. Each gets its
     own seed (``seed`` + its index) for stochastic rounding. The state_dict keeps every key and
     adds the quantizers' alpha/beta buffers (load an original state_dict with strict=False).
@@ -825,7 +976,7 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
     if isinstance(layers, str) or not all(isinstance(k, str) for k in layers):
         raise TypeError(f"layers: expected a tuple of kinds, got {layers!r}")
     unknown = set(layers) - {"linear", "layernorm", "gelu", "silu", "relu", "softmax",
-                             "attention"}
+                             "attention", "mlp"}
     if unknown:
         raise ValueError(f"layers: unknown kinds {sorted(unknown)}")
     if core not in ("explicit", "sdpa"):  # checked here: a refused convert changes nothing
@@ -844,7 +995,9 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
         if filter is not None and not filter(name, m):
             return None
         if "attention" in layers and _is_tiny_block(m):
-            return MesaTinyBlock(m, core, groups, **q())
+            return MesaTinyBlock(m, core, groups, "mlp" in layers, **q())
+        if "mlp" in layers and MesaMlp.supports(m):
+            return MesaMlp.from_mlp(m, groups, **q())
         if "attention" in layers and _is_timm_attention(m):
             return MesaAttention.from_timm(m, core, groups, **q())
         if "linear" in layers and type(m) is nn.Linear:
