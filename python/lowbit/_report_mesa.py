@@ -79,26 +79,30 @@ def _model_rows(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         return 1e3 * median_time(step, runs)
 
     native_ms = ms(blk0)
-    for core in ("explicit", "sdpa"):
-        for rounding in ("nearest_even", "stochastic"):
-            model = copy.deepcopy(base)
-            mesa.convert(model, core=core, rounding=rounding, filter=_tiny.only_blocks)
-            model.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            num = sum(((p.grad - g) ** 2).sum() for p, g in zip(model.parameters(), ref_grads))
-            den = sum((g ** 2).sum() for g in ref_grads)
-            blk = model.blocks[0]
-            row = {"kind": "model", "core": core, "rounding": rounding,
-                   "grad_rel_err": float((num / den).sqrt()),
-                   "saved_bytes": mesa.saved_bytes(lambda: blk(tokens), exclude=blk),
-                   "native_bytes": native_bytes}
-            row["saved_fraction"] = 1 - row["saved_bytes"] / native_bytes
-            if rounding == "nearest_even":
-                row["cpu_ms"] = ms(blk)
-                row["vs_native"] = native_ms / row["cpu_ms"]
-            else:
-                row["cpu_ms"] = row["vs_native"] = None
-            rows.append(row)
+    # (core, rounding, the MLP fused into one MesaMlp)
+    configs = [(core, rounding, False) for core in ("explicit", "sdpa")
+               for rounding in ("nearest_even", "stochastic")] + [("sdpa", "nearest_even", True)]
+    for core, rounding, mlp in configs:
+        model = copy.deepcopy(base)
+        mesa.convert(model, core=core, rounding=rounding, filter=_tiny.only_blocks,
+                     layers=("attention", "mlp") if mlp else ("attention",))
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        num = sum(((p.grad - g) ** 2).sum() for p, g in zip(model.parameters(), ref_grads))
+        den = sum((g ** 2).sum() for g in ref_grads)
+        blk = model.blocks[0]
+        row = {"kind": "model", "core": core, "rounding": rounding,
+               "mlp": "fused" if mlp else "modules",
+               "grad_rel_err": float((num / den).sqrt()),
+               "saved_bytes": mesa.saved_bytes(lambda: blk(tokens), exclude=blk),
+               "native_bytes": native_bytes}
+        row["saved_fraction"] = 1 - row["saved_bytes"] / native_bytes
+        if rounding == "nearest_even":
+            row["cpu_ms"] = ms(blk)
+            row["vs_native"] = native_ms / row["cpu_ms"]
+        else:
+            row["cpu_ms"] = row["vs_native"] = None
+        rows.append(row)
     return rows, {"native_ms": native_ms, "native_bytes": native_bytes,
                   "tokens": tokens.shape[0]}
 
@@ -127,6 +131,7 @@ def section(ctx: Any) -> Any:
     m_columns = [
         Column("core", lambda r: r["core"], left=True),
         Column("rounding", lambda r: r["rounding"], left=True),
+        Column("MLP", lambda r: r["mlp"], left=True),
         Column("grad rel err", lambda r: _sci(r["grad_rel_err"])),
         Column("saved KiB", lambda r: f"{r['saved_bytes'] / 1024:.1f}"),
         Column("native KiB", lambda r: f"{r['native_bytes'] / 1024:.1f}"),
@@ -141,7 +146,9 @@ def section(ctx: Any) -> Any:
         kw = dict(width=WIDTH, depth=DEPTH, heads=2, lr=TRAIN_LR)
         train = {"float32": _tiny.train("nn_linear", TRAIN_STEPS, TRAIN_BATCH, "cpu", 0, **kw),
                  "mesa": _tiny.train("nn_linear", TRAIN_STEPS, TRAIN_BATCH, "cpu", 0, mesa={},
-                                     **kw)}
+                                     **kw),
+                 "mesa, fused MLP": _tiny.train("nn_linear", TRAIN_STEPS, TRAIN_BATCH, "cpu", 0,
+                                                mesa={"layers": ("attention", "mlp")}, **kw)}
         ctx.progress(f"  mesa training comparison ({TRAIN_STEPS} steps on the CPU) done")
     train_rows = [{"kind": "training", "config": k, "final_loss": v["final"],
                    "vs_float32": v["final"] / train["float32"]["final"],
@@ -161,7 +168,9 @@ def section(ctx: Any) -> Any:
         f"batch of {BATCH}; grad rel err = relative Frobenius error of all parameter gradients "
         "against the same model's full-precision backward (float32); saved/native KiB: bytes "
         "one block keeps for backward (parameters left out); CPU ms: median forward + backward "
-        f"of one block on [{info['tokens']}, 64, {WIDTH}] tokens (native {info['native_ms']:.1f} ms)",
+        f"of one block on [{info['tokens']}, 64, {WIDTH}] tokens (native {info['native_ms']:.1f} ms)"
+        "; MLP fused: one MesaMlp (x and h kept, fc2's input recomputed from h), modules: a "
+        "quantizer per module",
     ]
     if train:
         notes.append(f"training: the same ViT, {TRAIN_STEPS} steps of batch {TRAIN_BATCH} on the "
