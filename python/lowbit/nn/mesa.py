@@ -540,9 +540,10 @@ class MesaMlp(nn.Module):
 
 class _LayerNormFn(torch.autograd.Function):
     """layer_norm with its input saved in 8 bits; the backward recomputes the statistics (mean,
-    1 / std) from the dequantized input and runs the backward kernel autograd runs for layer_norm
-    (aten's native_layer_norm and its backward, called directly: no autograd inside the
-    backward, so torch.compile traces it)."""
+    1 / std) from the dequantized input (var_mean: they round as a reduction's order gives, not
+    necessarily as native_layer_norm's) and runs the backward kernel autograd runs for layer_norm
+    (aten's native_layer_norm_backward, called directly: no autograd inside the backward, so
+    torch.compile traces it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, shape, eps, quant, dtype):
@@ -564,7 +565,12 @@ class _LayerNormFn(torch.autograd.Function):
         w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
         shape = list(ctx.shape)
         with torch.autocast(gy.device.type, enabled=False):
-            _, mean, rstd = torch.ops.aten.native_layer_norm(xd, shape, w, b, ctx.eps)
+            # The statistics alone (one read of xd; native_layer_norm would write its output
+            # too), as native_layer_norm returns them: biased variance, shaped to keep the
+            # normalized dimensions.
+            dims = tuple(range(xd.dim() - len(shape), xd.dim()))
+            var, mean = torch.var_mean(xd, dims, correction=0, keepdim=True)
+            rstd = torch.rsqrt(var + ctx.eps)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
                 gy.to(ctx.dtype), xd, shape, mean, rstd, w, b,
                 [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
