@@ -604,6 +604,7 @@ COMPILED = {
     "matmul": (lambda: mesa.MesaMatMul(groups=2), [(2, 2, 4, 8), (2, 2, 8, 4)]),
     "softmax_matmul": (lambda: mesa.MesaSoftmaxMatMul(groups=2), [(2, 2, 4, 4), (2, 2, 4, 8)]),
     "attention": (lambda: mesa.MesaAttention(16, 2), [(2, 5, 16)]),
+    "attention_sdpa": (lambda: mesa.MesaAttention(16, 2, core="sdpa"), [(2, 5, 16)]),
     "mlp": (lambda: mesa.MesaMlp(16, 32, groups=2), [(4, 16)]),
     "mlp_relu": (lambda: mesa.MesaMlp(16, 32, act="relu"), [(4, 16)]),
     "tiny_vit_fused_mlp": (lambda: mesa.convert(_tiny.TinyViT(width=32, depth=2, heads=2),
@@ -611,6 +612,8 @@ COMPILED = {
                            [(4, 3, 32, 32)]),
     "converted_tiny_vit": (lambda: mesa.convert(_tiny.TinyViT(width=32, depth=2, heads=2)),
                            [(4, 3, 32, 32)]),
+    "converted_tiny_vit_sdpa": (lambda: mesa.convert(_tiny.TinyViT(width=32, depth=2, heads=2),
+                                                     core="sdpa"), [(4, 3, 32, 32)]),
 }
 
 

@@ -306,8 +306,8 @@ class MesaLinear(nn.Linear):
 
 class _PointwiseFn(torch.autograd.Function):
     """y = fn(x) with x saved in 8 bits; the backward is autograd's exact backward of fn at the
-    dequantized x: `grad(gy, xd)` where the module has it (the derivative kernel autograd itself
-    runs, without evaluating fn again), else autograd through fn recomputed at xd."""
+    dequantized x: `grad(gy, xd)`, the derivative kernel autograd itself runs (without
+    evaluating fn again)."""
 
     @staticmethod
     def forward(ctx, x, quant, fn, grad):
@@ -323,18 +323,7 @@ class _PointwiseFn(torch.autograd.Function):
     def backward(ctx, gy):
         xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
         with torch.autocast(gy.device.type, enabled=False):
-            return _pointwise_grad(ctx.fn, ctx.grad, gy, xd), None, None, None
-
-
-def _pointwise_grad(fn, grad, gy: torch.Tensor, xd: torch.Tensor) -> torch.Tensor:
-    """gy times fn's derivative at xd: `grad(gy, xd)` where the module has it (the derivative
-    kernel autograd itself runs, without evaluating fn again), else autograd through fn."""
-    if grad is not None:
-        return grad(gy, xd)
-    xd = xd.detach().requires_grad_()
-    with torch.enable_grad():
-        (gx,) = torch.autograd.grad(fn(xd), xd, gy)
-    return gx
+            return ctx.grad(gy, xd), None, None, None
 
 
 class _Pointwise(nn.Module):
@@ -345,8 +334,9 @@ class _Pointwise(nn.Module):
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    # The derivative autograd takes for _fn: gx from (gy, x), or None (autograd through _fn).
-    _grad = None
+    def _grad(self, gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """gy times _fn's derivative at x, as autograd computes it."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _needs_saving(self, x):
@@ -455,7 +445,7 @@ class _MlpFn(torch.autograd.Function):
             if b2 is not None and need[4]:
                 gb2 = gy2.sum(0).to(b2.dtype)
             if need[0] or need[1] or need[2]:
-                gh = _pointwise_grad(ctx.act._fn, ctx.act._grad, gy @ w2.to(dt), hd)
+                gh = ctx.act._grad(gy @ w2.to(dt), hd)
                 del hd
                 gh2 = gh.reshape(-1, gh.shape[-1])
                 if need[0]:
@@ -795,10 +785,12 @@ class _SdpaFn(torch.autograd.Function):
     @staticmethod
     @differentiable_once
     def backward(ctx, gy):
-        qd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype).requires_grad_()
-        with torch.enable_grad(), torch.autocast(gy.device.type, enabled=False):
-            y = F.scaled_dot_product_attention(*_split_heads(qd, ctx.heads), scale=ctx.scale)
-            (g,) = torch.autograd.grad(y, [qd], gy.to(y.dtype))
+        qd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
+        heads, scale = ctx.heads, ctx.scale
+        with torch.autocast(gy.device.type, enabled=False):
+            _, vjp = torch.func.vjp(lambda t: F.scaled_dot_product_attention(
+                *_split_heads(t, heads), scale=scale), qd)
+            (g,) = vjp(gy.to(qd.dtype))
         return g.to(ctx.meta), None, None, None, None
 
 
