@@ -3,7 +3,8 @@ its throughput, against the same model under bfloat16 autocast, in the same run;
 ViT (lowbit._tiny) trained with and without Mesa.
 
     python bench/mesa_torch.py out.json [--model vit-b|deit-s] [--batch 256] [--depth 12]
-                                        [--steps 10] [--train-steps 300] [--plot losses.png]
+                                        [--steps 10] [--rounds 3] [--train-steps 300]
+                                        [--plot losses.png]
                                         [--device cuda|cpu]
 
 Part 1, the block stack (timm's ViT structure: pre-norm blocks of LayerNorm, Attention with a
@@ -23,7 +24,10 @@ from the hidden in backward, where module by module fc2 saves its own). For each
 - saved_MiB: the bytes autograd keeps for backward after the forward (saved-tensor hooks,
   storages counted once, the parameters' own storages left out): the activations alone (with
   the bfloat16 copies of the weights that autocast makes and its backward keeps);
-- ms_per_step, images_per_s: the median over `--steps` timed steps after warm-up (CUDA events);
+- ms_per_step, images_per_s: the median over all timed steps after warm-up (CUDA events): every
+  variant is built first, then timed for `--steps` steps in each of `--rounds` rounds, the
+  variants in turn (reversed every other round), so that the machine's drift over the run
+  weighs on all alike; round_ms holds each round's median;
 - saved_vs_bf16 = 1 - activation / bf16's; overhead_vs_bf16 = time / bf16's time - 1.
 Goals (docs/techniques/mesa.md): activation memory saved >= 45%, overhead <= 15%, against bf16.
 
@@ -38,7 +42,7 @@ Part 3 (unless --train-steps 0): lowbit._tiny.train with and without Mesa (same 
 schedule; bfloat16 autocast on CUDA, float32 on the CPU), final losses (mean of the last 20 steps)
 and their ratio (goal: within 1%); --plot writes the loss curves.
 
-Runs on the CPU too (small and slow: use --model deit-s --depth 2 --batch 4 --steps 2
+Runs on the CPU too (small and slow: use --model deit-s --depth 2 --batch 4 --steps 2 --rounds 1
 --train-steps 30); memory is then measured by saved_MiB only.
 """
 
@@ -129,61 +133,86 @@ def build(variant: str, cfg: dict, device: str) -> nn.Module:
     return model
 
 
-def measure(variant: str, cfg: dict, batch: int, steps: int, device: str) -> dict:
-    model = build(variant, cfg, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator(device=device).manual_seed(1)
-    x = torch.randn(batch, TOKENS, cfg["width"], device=device, generator=g)
-    y = torch.randint(0, 1000, (batch,), device=device, generator=g)
-    cuda = device.startswith("cuda")
+class Variant:
+    """One variant's model, optimizer and batch: built, warmed up and its memory measured at
+    construction; `timed(steps)` then times that many training steps."""
 
-    def forward() -> torch.Tensor:
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
-            return F.cross_entropy(model(x), y)
+    def __init__(self, variant: str, cfg: dict, batch: int, device: str) -> None:
+        self.model = model = build(variant, cfg, device)
+        self.opt = opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.device, self.cuda = device, device.startswith("cuda")
+        g = torch.Generator(device=device).manual_seed(1)
+        x = torch.randn(batch, TOKENS, cfg["width"], device=device, generator=g)
+        y = torch.randint(0, 1000, (batch,), device=device, generator=g)
 
-    def step() -> None:
+        def forward() -> torch.Tensor:
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+                return F.cross_entropy(model(x), y)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            forward().backward()
+            opt.step()
+
+        self.step = step
+        for _ in range(3):  # warm-up; AdamW allocates its states in the first step
+            step()
+        from lowbit.nn.mesa import saved_bytes
+
         opt.zero_grad(set_to_none=True)
-        forward().backward()
-        opt.step()
+        self.row = {"variant": variant, "saved_MiB": saved_bytes(forward, exclude=model) / 2**20}
+        if self.cuda:
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            self.row["activation_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            self.row["base_MiB"] = base / 2**20
+        opt.zero_grad(set_to_none=True)  # idle variants hold no gradients
+        self.times: list[float] = []
+        self.round_medians: list[float] = []
 
-    for _ in range(3):  # warm-up; AdamW allocates its states in the first step
-        step()
-    from lowbit.nn.mesa import saved_bytes
-
-    opt.zero_grad(set_to_none=True)
-    saved = saved_bytes(forward, exclude=model)
-    row = {"variant": variant, "saved_MiB": saved / 2**20}
-    if cuda:
-        torch.cuda.synchronize()
-        opt.zero_grad(set_to_none=True)
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        row["activation_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-        row["base_MiB"] = base / 2**20
+    def timed(self, steps: int) -> None:
         times = []
         for _ in range(steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        ms = statistics.median(times)
-    else:
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-        ms = statistics.median(times)
-    row["ms_per_step"] = ms
-    row["images_per_s"] = batch / ms * 1e3
-    del model, opt
-    if cuda:
+            if self.cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                self.step()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            else:
+                t0 = time.perf_counter()
+                self.step()
+                times.append(1e3 * (time.perf_counter() - t0))
+        self.opt.zero_grad(set_to_none=True)
+        self.times += times
+        self.round_medians.append(statistics.median(times))
+
+
+def measure_all(variants: list[str], cfg: dict, batch: int, steps: int, rounds: int,
+                device: str) -> list[dict]:
+    """Every variant built first, then `rounds` rounds of `steps` timed steps each, the variants
+    in turn (in reverse order every other round), so that a drift of the machine over the run
+    weighs on all of them alike; ms_per_step is the median over all of a variant's timed steps,
+    round_ms the median of each round."""
+    runs = [Variant(v, cfg, batch, device) for v in variants]
+    for r in range(rounds):
+        for run in (runs if r % 2 == 0 else runs[::-1]):
+            run.timed(steps)
+    rows = []
+    for run in runs:
+        row = run.row
+        row["ms_per_step"] = statistics.median(run.times)
+        row["round_ms"] = run.round_medians
+        row["images_per_s"] = batch / row["ms_per_step"] * 1e3
+        rows.append(row)
+    del runs
+    if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return row
+    return rows
 
 
 def _event_ms(fn, reps: int = 10) -> float:
@@ -275,19 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", choices=sorted(MODELS), default="vit-b")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--depth", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per variant and round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=300)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-kernels", action="store_true", help="leave out the kernels' GB/s")
     ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa,"
-                    "mesa_explicit_lagged,mesa_sdpa_lagged")
+                    "mesa_explicit_lagged,mesa_sdpa_lagged,mesa_sdpa_lagged_mlp")
     a = ap.parse_args(argv)
     cfg = dict(MODELS[a.model])
     if a.depth is not None:
         cfg["depth"] = a.depth
     t0 = time.perf_counter()
-    rows = [measure(v, cfg, a.batch, a.steps, a.device) for v in a.variants.split(",")]
+    rows = measure_all(a.variants.split(","), cfg, a.batch, a.steps, a.rounds, a.device)
     base = next((r for r in rows if r["variant"] == "bf16"), rows[0])
     for r in rows:
         key = "activation_MiB" if "activation_MiB" in r else "saved_MiB"
@@ -297,12 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.model} x {cfg['depth']} blocks, batch {a.batch}, {TOKENS} tokens, bf16 autocast, "
           f"{a.device}")
     print(f"{'variant':21s} {'act MiB':>9s} {'saved MiB':>10s} {'saved vs bf16':>14s} "
-          f"{'ms/step':>9s} {'img/s':>8s} {'overhead':>9s}")
+          f"{'ms/step':>9s} {'img/s':>8s} {'overhead':>9s} {'rounds min-max':>16s}")
     for r in rows:
         act = r.get("activation_MiB", math.nan)
         print(f"{r['variant']:21s} {act:9.1f} {r['saved_MiB']:10.1f} "
               f"{100 * r['saved_vs_bf16']:13.1f}% {r['ms_per_step']:9.2f} "
-              f"{r['images_per_s']:8.1f} {100 * r['overhead_vs_bf16']:8.1f}%")
+              f"{r['images_per_s']:8.1f} {100 * r['overhead_vs_bf16']:8.1f}% "
+              f"{min(r['round_ms']):8.2f}-{max(r['round_ms']):<7.2f}")
     kernels = []
     if a.device.startswith("cuda") and not a.no_kernels:
         kernels = kernel_rows(a.device)
