@@ -126,8 +126,7 @@ def build(variant: str, cfg: dict, device: str) -> nn.Module:
     if variant.startswith("mesa"):
         import lowbit.nn.mesa as mesa
 
-        kinds = ("linear", "layernorm", "gelu", "attention") + (
-            ("mlp",) if variant.endswith("_mlp") else ())
+        kinds = mesa.DEFAULT_LAYERS + (("mlp",) if variant.endswith("_mlp") else ())
         mesa.convert(model, core=variant.split("_")[1], lagged="_lagged" in variant, layers=kinds,
                      filter=lambda name, m: name.startswith("blocks."))
     return model

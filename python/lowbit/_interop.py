@@ -392,8 +392,11 @@ def _usable(name: str, device: Device, first: bool = True) -> Device:
 
 
 def _strided_layout(value: Any) -> tuple[int, tuple, tuple, int] | None:
-    """(pointer, shape, byte strides, item size) of a torch tensor or an array with
-    __cuda_array_interface__ (CuPy, Numba; strides None there means C order), or None."""
+    """(pointer, shape, byte strides, item size) of a numpy array, a torch tensor or an array
+    with __cuda_array_interface__ (CuPy, Numba; strides None there means C order), or None."""
+    if is_numpy(value):
+        return value.__array_interface__["data"][0], tuple(value.shape), tuple(value.strides), \
+            value.itemsize
     if is_torch(value):
         item = value.element_size()
         return value.data_ptr(), tuple(value.shape), tuple(st * item for st in value.stride()), \
@@ -416,15 +419,7 @@ def _strided_layout(value: Any) -> tuple[int, tuple, tuple, int] | None:
 
 def _byte_range(value: Any) -> tuple[int, int] | None:
     """[first, last + 1) byte addresses that a numpy, torch or CUDA-array-interface array's
-    elements span, or None for other arrays (their overlap is not checked)."""
-    if is_numpy(value):
-        import numpy as np
-
-        if value.size == 0:
-            return None
-        lo, hi = np.lib.array_utils.byte_bounds(value) if hasattr(np.lib, "array_utils") \
-            else np.byte_bounds(value)
-        return lo, hi
+    elements span, or None for empty and other arrays (their overlap is not checked)."""
     layout = _strided_layout(value)
     if layout is None:
         return None
@@ -440,9 +435,7 @@ def _check_output(name: str, out: Any, others: list[tuple[str, Any]]) -> None:
     """An array written in place must not overlap itself (a zero stride: several elements in
     one place) nor any other argument of the call (the kernels would read what they already
     wrote): refused, as the results would depend on the order of the writes."""
-    layout = None if is_numpy(out) else _strided_layout(out)
-    shape, strides = (out.shape, out.strides) if is_numpy(out) else \
-        (layout[1], layout[2]) if layout is not None else ((), ())
+    _, shape, strides, _ = _strided_layout(out) or (0, (), (), 0)
     if any(st == 0 and n > 1 for n, st in zip(shape, strides)):
         raise ValueError(f"{name}: its elements overlap (a stride of 0, as in a broadcast or "
                          "expanded array); pass an array with a place for each element")

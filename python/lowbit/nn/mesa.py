@@ -51,6 +51,7 @@ from lowbit.nn._modules import replace_modules
 
 __all__ = [
     "ActQuantizer",
+    "DEFAULT_LAYERS",
     "MesaAttention",
     "MesaGELU",
     "MesaLayerNorm",
@@ -465,6 +466,13 @@ def _mlp(x: torch.Tensor, fc1: "MesaLinear", act: "_Pointwise", fc2: nn.Linear) 
                         act, _low(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias))
 
 
+def _drop_fc2_quant(state_dict: dict, prefix: str) -> None:
+    """A module-by-module conversion's third quantizer (fc2's input), which the fused MLP does
+    not keep: its estimates are left out on loading."""
+    for key in ("alpha", "beta"):
+        state_dict.pop(f"{prefix}fc2.quant.{key}", None)
+
+
 # The Mesa counterpart of an MLP's activation module, with its quantizer's settings.
 _ACTS = {nn.GELU: lambda m, **q: MesaGELU(m.approximate, **q),
          nn.SiLU: lambda m, **q: MesaSiLU(**q), nn.ReLU: lambda m, **q: MesaReLU(**q)}
@@ -481,12 +489,12 @@ class MesaMlp(nn.Module):
     def __init__(self, in_features: int, hidden_features: int, out_features: Optional[int] = None,
                  act: str = "gelu", bias: bool = True, *, groups: int = 1, **quant) -> None:
         super().__init__()
-        acts = {"gelu": MesaGELU, "gelu_tanh": lambda **q: MesaGELU("tanh", **q),
-                "silu": MesaSiLU, "relu": MesaReLU}
+        acts = {"gelu": nn.GELU(), "gelu_tanh": nn.GELU("tanh"), "silu": nn.SiLU(),
+                "relu": nn.ReLU()}
         if act not in acts:
             raise ValueError(f"act: expected one of {sorted(acts)}, got {act!r}")
         self.fc1 = MesaLinear(in_features, hidden_features, bias, groups=groups, **quant)
-        self.act = acts[act](groups=1, **quant)
+        self.act = _ACTS[type(acts[act])](acts[act], **quant)
         self.fc2 = nn.Linear(hidden_features, out_features or in_features, bias)
 
     @staticmethod
@@ -517,8 +525,7 @@ class MesaMlp(nn.Module):
         return new
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        for key in ("alpha", "beta"):  # a module-by-module conversion's third quantizer
-            state_dict.pop(f"{prefix}fc2.quant.{key}", None)
+        _drop_fc2_quant(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -899,7 +906,6 @@ class MesaTinyBlock(nn.Module):
     def __init__(self, blk: nn.Module, core: str = "explicit", groups: int = 1,
                  mlp: bool = False, **quant) -> None:
         super().__init__()
-        self.fused_mlp = mlp
         self.heads = blk.heads
         self.norm1 = MesaLayerNorm.from_layernorm(blk.norm1, groups, **quant)
         self.qkv = MesaLinear.from_linear(blk.qkv, groups, **quant)
@@ -927,14 +933,22 @@ class MesaTinyBlock(nn.Module):
             return x + _mlp(self.norm2(x), self.fc1, self.act, self.fc2)
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
+    @property
+    def fused_mlp(self) -> bool:
+        """Whether the MLP saves as MesaMlp does (fc2 then keeps no quantizer)."""
+        return not isinstance(self.fc2, MesaLinear)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        if self.fused_mlp:  # a module-by-module conversion's fc2 quantizer
-            for key in ("alpha", "beta"):
-                state_dict.pop(f"{prefix}fc2.quant.{key}", None)
+        if self.fused_mlp:
+            _drop_fc2_quant(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 # ---- convert ----------------------------------------------------------------------------------
+
+
+# convert's default kinds; "mlp" is the one kind more.
+DEFAULT_LAYERS = ("linear", "layernorm", "gelu", "silu", "relu", "softmax", "attention")
 
 
 def _is_timm_attention(m: nn.Module) -> bool:
@@ -952,8 +966,7 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
             momentum: float = 0.9, rounding: str = "nearest_even", random_bits: int = 16,
             seed: int = 0, lagged: bool = False,
             filter: Optional[Callable[[str, nn.Module], bool]] = None,
-            layers: tuple = ("linear", "layernorm", "gelu", "silu", "relu", "softmax",
-                             "attention")) -> nn.Module:
+            layers: tuple = DEFAULT_LAYERS) -> nn.Module:
     """Replaces, in place, the modules of a timm-style ViT by their Mesa counterparts holding
     the same parameters: timm's Attention -> MesaAttention (``core``), nn.Linear -> MesaLinear,
     nn.LayerNorm -> MesaLayerNorm, nn.GELU / nn.SiLU / nn.ReLU -> MesaGELU / MesaSiLU /
@@ -973,8 +986,7 @@ def convert(model: nn.Module, *, core: str = "explicit", groups: int = 1,
                         f"{type(filter).__name__}")
     if isinstance(layers, str) or not all(isinstance(k, str) for k in layers):
         raise TypeError(f"layers: expected a tuple of kinds, got {layers!r}")
-    unknown = set(layers) - {"linear", "layernorm", "gelu", "silu", "relu", "softmax",
-                             "attention", "mlp"}
+    unknown = set(layers) - set(DEFAULT_LAYERS + ("mlp",))
     if unknown:
         raise ValueError(f"layers: unknown kinds {sorted(unknown)}")
     if core not in ("explicit", "sdpa"):  # checked here: a refused convert changes nothing
