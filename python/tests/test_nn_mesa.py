@@ -354,6 +354,10 @@ def test_convert_picks_mlp_only_when_asked_and_loads_module_by_module_state():
     assert torch.equal(fused[0].act.quant.alpha, per_module[0].act.quant.alpha)
     with pytest.raises(ValueError, match="act"):
         mesa.MesaMlp(4, 8, act="tanh")
+    dropped = Mlp(16, 32)
+    dropped.drop2.p = 0.1
+    with pytest.raises(ValueError, match="no dropout and no norm"):
+        mesa.MesaMlp.from_mlp(dropped)
 
 
 def test_tiny_block_with_the_fused_mlp():
