@@ -183,4 +183,133 @@ void actquant_dequantize(const tensor_view& codes, const tensor_view& alpha,
   }
 }
 
+void actquant_activation_backward(const tensor_view& codes, const tensor_view& alpha,
+                                  const tensor_view& beta, const actquant_groups& g,
+                                  actquant_activation f, const tensor_view& dy,
+                                  const tensor_view& gx, const tensor_view& value, const exec& ex) {
+  const layout l = layout_of(codes, g);
+  check_estimates(alpha, beta, codes, l.groups);
+  require_dtype(codes, "codes", {dtype::uint8});
+  require_contiguous(codes, "codes");
+  require(static_cast<unsigned>(f) <= static_cast<unsigned>(actquant_activation::relu),
+          errc::invalid_argument, "f: not an actquant_activation");
+  require_valid(dy, "dy");
+  require_dtype(dy, "dy", {dtype::float32, dtype::bfloat16, dtype::float16});
+  require_same_shape(codes, "codes", dy, "dy");
+  require_contiguous(dy, "dy");
+  require_same_device(dy, "dy", codes, "codes");
+  const auto output = [&](const tensor_view& v, const char* name) {
+    require_valid(v, name);
+    require(v.type == dy.type, errc::invalid_argument, [&] {
+      return std::string(name) + ": dtype " + dtype_name(v.type) + ", expected dy's (" +
+             dtype_name(dy.type) + ")";
+    });
+    require_same_shape(codes, "codes", v, name);
+    require_contiguous(v, name);
+    require_same_device(v, name, codes, "codes");
+  };
+  output(gx, "gx");
+  if (value.data != nullptr)
+    output(value, "value");
+  act_backward_problem p;
+  p.codes = codes.ptr<std::uint8_t>();
+  p.alpha = alpha.ptr<float>();
+  p.beta = beta.ptr<float>();
+  p.n = codes.numel();
+  p.group = actquant_ops::group_of{l.run, l.groups};
+  p.f = f;
+  p.type = dy.type;
+  p.dy = dy.data;
+  p.gx = gx.data;
+  p.value = value.data;
+  if (p.n == 0)
+    return;
+  if (codes.dev.type == device_type::cuda) {
+    require_device_memory({&codes, &alpha, &beta, &dy, &gx},
+                          {"codes", "alpha", "beta", "dy", "gx"});
+    if (value.data != nullptr)
+      require_device_memory({&value}, {"value"});
+    cuda::actquant_activation_backward(p, ex);
+  } else {
+    cpu::actquant_activation_backward(p, ex);
+  }
+}
+
+void actquant_layer_norm_backward(const tensor_view& codes, const tensor_view& alpha,
+                                  const tensor_view& beta, std::int64_t group_size,
+                                  const tensor_view& gy, const tensor_view& weight, float eps,
+                                  const tensor_view& gx, const tensor_view& gw,
+                                  const tensor_view& gb, const exec& ex) {
+  const actquant_groups g{-1, group_size};
+  const layout l = layout_of(codes, g);
+  check_estimates(alpha, beta, codes, l.groups);
+  require_dtype(codes, "codes", {dtype::uint8});
+  require_contiguous(codes, "codes");
+  const std::int64_t cols = codes.shape[codes.ndim - 1];
+  require(cols >= 1 && cols <= (std::int64_t{1} << 24), errc::invalid_argument, [&] {
+    return "codes: the normalized (last) dimension has " + std::to_string(cols) +
+           " elements; expected 1 to 2^24";
+  });
+  require(std::isfinite(eps) && eps >= 0.0f, errc::invalid_argument,
+          [&] { return "eps = " + std::to_string(eps) + " must be finite and >= 0"; });
+  require_valid(gy, "gy");
+  require_dtype(gy, "gy", {dtype::float32, dtype::bfloat16, dtype::float16});
+  require_same_shape(codes, "codes", gy, "gy");
+  require_contiguous(gy, "gy");
+  require_same_device(gy, "gy", codes, "codes");
+  const bool on_device = codes.dev.type == device_type::cuda;
+  if (on_device && codes.numel() > 0)
+    require_device_memory({&codes, &alpha, &beta, &gy}, {"codes", "alpha", "beta", "gy"});
+  const auto optional_vector = [&](const tensor_view& v, const char* name) {
+    if (v.data == nullptr)
+      return;
+    require_valid(v, name);
+    require_dtype(v, name, {dtype::float32});
+    require_contiguous(v, name);
+    require(v.numel() == cols, errc::invalid_argument, [&] {
+      return std::string(name) + ": expected " + std::to_string(cols) + " elements, got " +
+             std::to_string(v.numel());
+    });
+    require_same_device(v, name, codes, "codes");
+    if (on_device)
+      require_device_memory({&v}, {name});
+  };
+  optional_vector(weight, "weight");
+  optional_vector(gw, "gw");
+  optional_vector(gb, "gb");
+  if (gx.data != nullptr) {
+    require_valid(gx, "gx");
+    require(gx.type == gy.type, errc::invalid_argument, [&] {
+      return std::string("gx: dtype ") + dtype_name(gx.type) + ", expected gy's (" +
+             dtype_name(gy.type) + ")";
+    });
+    require_same_shape(codes, "codes", gx, "gx");
+    require_contiguous(gx, "gx");
+    require_same_device(gx, "gx", codes, "codes");
+    if (on_device && gx.numel() > 0)
+      require_device_memory({&gx}, {"gx"});
+  }
+  ln_backward_problem p;
+  p.codes = codes.ptr<std::uint8_t>();
+  p.alpha = alpha.ptr<float>();
+  p.beta = beta.ptr<float>();
+  p.cols = cols;
+  p.rows = codes.numel() / cols;
+  p.group_size = group_size;
+  p.type = gy.type;
+  p.gy = gy.data;
+  p.weight = weight.ptr<float>();
+  p.eps = eps;
+  p.gx = gx.data;
+  p.gw = gw.ptr<float>();
+  p.gb = gb.ptr<float>();
+  if (p.gx == nullptr && p.gw == nullptr && p.gb == nullptr)
+    return;
+  if (codes.dev.type == device_type::cuda) {
+    cuda::actquant_layer_norm_backward(p, ex);
+  } else {
+    cpu::actquant_layer_norm_backward(p, ex);
+  }
+}
+
 } // namespace lowbit::kernels

@@ -24,9 +24,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <utility>
 
 #include "../common/cuda_map.cuh"
 #include "../common/element_ops.hpp"
+#include "activation_ops.hpp"
 #include "actquant_internal.hpp"
 
 namespace lowbit::kernels::cuda {
@@ -413,6 +416,599 @@ template <class In, class Out, class F> void with_uniform(const actquant_problem
     f(std::false_type{});
 }
 
+// ---- LayerNorm's backward from codes --------------------------------------------------------
+//
+// A warp per chunk of ln_chunk_rows rows, one row at a time: lane l holds the row's runs of four
+// at 4 l + 128 j (for rows up to 1024 wide, in registers; wider rows are read again from memory
+// for each of the row's four passes), so the row sums of actquant_ops (a lane's partial in
+// increasing column, then the shuffle butterfly) are the CPU twin's. The chunk's column sums of gy
+// xhat and gy stay per warp in shared memory (or, for wide rows, in the chunk's slots of the
+// partials in global memory) and are written once per chunk; two small kernels add the chunks in
+// float64.
+constexpr int ln_warps = 8;
+
+struct ln_args {
+  const std::uint8_t* codes;
+  const float* alpha;
+  const float* beta;
+  const void* gy;
+  const float* weight; // null: 1
+  void* gx;            // null: not wanted
+  float* part_w;       // [chunks, cols] (null: no parameter gradients)
+  float* part_b;
+  std::int64_t rows, chunks;
+  int cols, group_size;
+  float eps;
+  bool vec; // cols % 4 == 0 and every buffer aligned for runs of four
+};
+
+// A value as stored in D, read back as float (what a backward reads of a dequantized input).
+template <class D> __device__ __forceinline__ float as_stored(float v) {
+  if constexpr (std::is_same_v<D, float>)
+    return v;
+  else if constexpr (D::bf16)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else
+    return __half2float(__float2half_rn(v));
+}
+template <class D> __device__ __forceinline__ float ln_load(const D* p, std::int64_t i) {
+  if constexpr (std::is_same_v<D, float>)
+    return __ldcs(p + i);
+  else if constexpr (D::bf16)
+    return __uint_as_float(static_cast<std::uint32_t>(__ldcs(&p[i].bits)) << 16);
+  else
+    return __half2float(__ushort_as_half(__ldcs(&p[i].bits)));
+}
+// Four consecutive elements at i (16-byte or 8-byte aligned: ln_args::vec).
+template <class D> __device__ __forceinline__ void ln_load4(const D* p, std::int64_t i, float* v) {
+  if constexpr (std::is_same_v<D, float>) {
+    const float4 w = __ldcs(reinterpret_cast<const float4*>(p + i));
+    v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+  } else {
+    const uint2 w = __ldcs(reinterpret_cast<const uint2*>(p + i));
+    const std::uint32_t h[4] = {w.x & 0xFFFFu, w.x >> 16, w.y & 0xFFFFu, w.y >> 16};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if constexpr (D::bf16)
+        v[q] = __uint_as_float(h[q] << 16);
+      else
+        v[q] = __half2float(__ushort_as_half(static_cast<unsigned short>(h[q])));
+    }
+  }
+}
+template <class D> __device__ __forceinline__ void ln_store4(D* p, std::int64_t i, const float* v) {
+  if constexpr (std::is_same_v<D, float>) {
+    __stcs(reinterpret_cast<float4*>(p + i),
+           make_float4(stored<D>(v[0]), stored<D>(v[1]), stored<D>(v[2]), stored<D>(v[3])));
+  } else {
+    const std::uint32_t h0 = stored<D>(v[0]).bits, h1 = stored<D>(v[1]).bits,
+                        h2 = stored<D>(v[2]).bits, h3 = stored<D>(v[3]).bits;
+    __stcs(reinterpret_cast<uint2*>(p + i), make_uint2(h0 | (h1 << 16), h2 | (h3 << 16)));
+  }
+}
+
+__device__ __forceinline__ float ln_all_sum(float v) {
+#pragma unroll
+  for (int h = ops::ln_lanes / 2; h > 0; h >>= 1)
+    v = v + __shfl_xor_sync(0xFFFFFFFFu, v, h);
+  return v;
+}
+
+// Rows wider than 1024 (ln_backward_wide_kernel<D, 0>): every pass reads the row again, and the
+// chunk's column sums accumulate in the chunk's slots of the partials in global memory. (Its
+// J > 0 forms, the rows in registers, are not launched: ln_backward_kernel below is their tuned
+// form.)
+template <class D, int J>
+__global__ void __launch_bounds__(ln_warps * 32) ln_backward_wide_kernel(const ln_args a) {
+  extern __shared__ float4 ln_smem[];
+  constexpr int R = J > 0 ? 4 * J : 1; // registers per lane and array
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  const int C = a.cols, nj = (C + 127) / 128;
+  const bool params = a.part_w != nullptr;
+  const auto* codes = a.codes;
+  const auto* gy_all = static_cast<const D*>(a.gy);
+  auto* gx_all = static_cast<D*>(a.gx);
+  float* pw_s = nullptr;
+  float* pb_s = nullptr;
+  float2* ab = nullptr;
+  if constexpr (J > 0) {
+    auto* base = reinterpret_cast<float*>(ln_smem);
+    pw_s = base + w * 2 * 128 * J;
+    pb_s = pw_s + 128 * J;
+    ab = reinterpret_cast<float2*>(base + ln_warps * 2 * 128 * J);
+    for (int c = static_cast<int>(threadIdx.x); c < C; c += static_cast<int>(blockDim.x)) {
+      const int g = c / a.group_size;
+      ab[c] = make_float2(__ldg(a.alpha + g), __ldg(a.beta + g));
+    }
+    __syncthreads();
+  }
+  const auto estimate_at = [&](int c) -> ops::estimate {
+    if constexpr (J > 0) {
+      const float2 e = ab[c];
+      return {e.x, e.y};
+    } else {
+      const int g = c / a.group_size;
+      return {__ldg(a.alpha + g), __ldg(a.beta + g)};
+    }
+  };
+  // How many of run j's four columns (c0 = 128 j + 4 lane ...) lie inside the row.
+  const auto valid_of = [&](int j) {
+    const int left = C - (128 * j + 4 * lane);
+    return left >= 4 ? 4 : (left > 0 ? left : 0);
+  };
+  // Run j of row r: x and gy (0 outside the row).
+  const auto load_run = [&](std::int64_t r, int j, float(&x)[4], float(&gy)[4]) {
+    const int c0 = 128 * j + 4 * lane, valid = valid_of(j);
+    const std::int64_t i0 = r * C + c0;
+    if (a.vec && valid == 4) {
+      const std::uint32_t cw = __ldcs(reinterpret_cast<const unsigned*>(codes + i0));
+      ln_load4(gy_all, i0, gy);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        x[q] = as_stored<D>(
+            ops::dequantize(static_cast<std::uint8_t>(cw >> (8 * q)), estimate_at(c0 + q)));
+      return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (q < valid) {
+        x[q] = as_stored<D>(ops::dequantize(__ldcs(codes + i0 + q), estimate_at(c0 + q)));
+        gy[q] = ln_load(gy_all, i0 + q);
+      } else {
+        x[q] = gy[q] = 0.0f;
+      }
+    }
+  };
+  const auto wt = [&](int c) { return a.weight != nullptr ? __ldg(a.weight + c) : 1.0f; };
+  const float n = static_cast<float>(C);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * ln_warps;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * ln_warps + w; k < a.chunks;
+       k += stride) {
+    float* pw = J > 0 ? pw_s : (params ? a.part_w + k * C : nullptr);
+    float* pb = J > 0 ? pb_s : (params ? a.part_b + k * C : nullptr);
+    const std::int64_t r0 = k * ops::ln_chunk_rows;
+    const std::int64_t r1 = min(a.rows, r0 + ops::ln_chunk_rows);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      float xv[R], gv[R];
+      if constexpr (J > 0) {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          float x4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, g4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (j < nj)
+            load_run(r, j, x4, g4);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            xv[4 * j + q] = x4[q];
+            gv[4 * j + q] = g4[q];
+          }
+        }
+      }
+      // A row sum of term(x, gy, column) over the lane's elements, then the butterfly.
+      const auto row_sum = [&](auto term) {
+        float s = 0.0f;
+        if constexpr (J > 0) {
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int v = j < nj ? valid_of(j) : 0;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              if (q < v)
+                s = s + term(xv[4 * j + q], gv[4 * j + q], 128 * j + 4 * lane + q);
+          }
+        } else {
+          for (int j = 0; j < nj; ++j) {
+            float x[4], gy[4];
+            load_run(r, j, x, gy);
+            const int v = valid_of(j);
+            for (int q = 0; q < v; ++q)
+              s = s + term(x[q], gy[q], 128 * j + 4 * lane + q);
+          }
+        }
+        return ln_all_sum(s);
+      };
+      const float mean = ops::div_rn(row_sum([](float x, float, int) { return x; }), n);
+      const float rstd = ops::ln_rstd(row_sum([&](float x, float, int) {
+                                        const float d = x - mean;
+                                        return d * d;
+                                      }),
+                                      n, a.eps);
+      const float sa = ops::div_rn(row_sum([&](float, float gy, int c) { return gy * wt(c); }), n);
+      const float sb = ops::div_rn(
+          row_sum([&](float x, float gy, int c) { return (gy * wt(c)) * ((x - mean) * rstd); }), n);
+      // The outputs of one run: gx, and the chunk's column sums.
+      const auto finish_run = [&](int j, const float(&x)[4], const float(&gy)[4]) {
+        const int c0 = 128 * j + 4 * lane, v = valid_of(j);
+        float out[4], xh[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          xh[q] = (x[q] - mean) * rstd;
+          out[q] = ops::ln_gx(gy[q] * wt(q < v ? c0 + q : 0), xh[q], sa, sb, rstd);
+        }
+        if (gx_all != nullptr) {
+          if (a.vec && v == 4) {
+            ln_store4(gx_all, r * C + c0, out);
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              if (q < v)
+                gx_all[r * C + c0 + q] = stored<D>(out[q]);
+          }
+        }
+        if (params) {
+          const bool first = r == r0;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < v) {
+              const float pw0 = first ? 0.0f : pw[c0 + q], pb0 = first ? 0.0f : pb[c0 + q];
+              pw[c0 + q] = pw0 + gy[q] * xh[q];
+              pb[c0 + q] = pb0 + gy[q];
+            }
+          }
+        }
+      };
+      if constexpr (J > 0) {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          if (j < nj) {
+            float x4[4], g4[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              x4[q] = xv[4 * j + q];
+              g4[q] = gv[4 * j + q];
+            }
+            finish_run(j, x4, g4);
+          }
+        }
+      } else {
+        for (int j = 0; j < nj; ++j) {
+          float x[4], gy[4];
+          load_run(r, j, x, gy);
+          finish_run(j, x, gy);
+        }
+      }
+    }
+    if constexpr (J > 0) {
+      if (params) {
+        for (int j = 0; j < nj; ++j) {
+          const int c0 = 128 * j + 4 * lane, v = valid_of(j);
+          for (int q = 0; q < v; ++q) {
+            a.part_w[k * C + c0 + q] = pw[c0 + q];
+            a.part_b[k * C + c0 + q] = pb[c0 + q];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Rows up to 128 J wide: lane l keeps x and gy of its runs of four (4 l + 128 j) in registers for
+// the row's four passes. Shared memory holds what every row reads again (the weight, 1 where
+// absent, and each column's estimate) and each warp's column sums of its chunk; all of it is
+// read as runs of four (one 16-byte access per run). The third pass forms both of its sums,
+// S(g) and S(g xhat), each in the same order as alone.
+template <class D, int J>
+__global__ void __launch_bounds__(ln_warps * 32) ln_backward_kernel(const ln_args a) {
+  static_assert(J > 0);
+  extern __shared__ float4 ln_smem[];
+  constexpr int W = 128 * J; // columns a block's tables hold
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int C = a.cols, nj = (C + 127) / 128;
+  const bool params = a.part_w != nullptr;
+  auto* base = reinterpret_cast<float*>(ln_smem);
+  float* wt = base;                               // [W]
+  auto* ab = reinterpret_cast<float2*>(base + W); // [W]
+  float* pw = base + 3 * W + warp * 2 * W;        // [W] per warp
+  float* pb = pw + W;                             // [W] per warp
+  for (int c = static_cast<int>(threadIdx.x); c < W; c += static_cast<int>(blockDim.x)) {
+    const bool in = c < C;
+    const int g = in ? c / a.group_size : 0;
+    wt[c] = in && a.weight != nullptr ? __ldg(a.weight + c) : 1.0f;
+    ab[c] = in ? make_float2(__ldg(a.alpha + g), __ldg(a.beta + g)) : make_float2(0.0f, 0.0f);
+  }
+  __syncthreads();
+  const auto* gy_all = static_cast<const D*>(a.gy);
+  auto* gx_all = static_cast<D*>(a.gx);
+  const auto valid_of = [&](int j) {
+    const int left = C - (128 * j + 4 * lane);
+    return left >= 4 ? 4 : (left > 0 ? left : 0);
+  };
+  const auto load4 = [](const float* p) { return *reinterpret_cast<const float4*>(p); };
+  const auto store4 = [](float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; };
+  const float n = static_cast<float>(C);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * ln_warps;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * ln_warps + warp; k < a.chunks;
+       k += stride) {
+    if (params) {
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        store4(pw + 128 * j + 4 * lane, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+        store4(pb + 128 * j + 4 * lane, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+      }
+    }
+    const std::int64_t r0 = k * ops::ln_chunk_rows;
+    const std::int64_t r1 = min(a.rows, r0 + ops::ln_chunk_rows);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      float xv[4 * J], gv[4 * J];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c0 = 128 * j + 4 * lane, v = j < nj ? valid_of(j) : 0;
+        const std::int64_t i0 = r * C + c0;
+        float g4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        std::uint32_t cw = 0;
+        if (a.vec && v == 4) {
+          cw = __ldcs(reinterpret_cast<const unsigned*>(a.codes + i0));
+          ln_load4(gy_all, i0, g4);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < v) {
+              cw |= static_cast<std::uint32_t>(__ldcs(a.codes + i0 + q)) << (8 * q);
+              g4[q] = ln_load(gy_all, i0 + q);
+            }
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 e = ab[c0 + q];
+          xv[4 * j + q] =
+              as_stored<D>(ops::dequantize(static_cast<std::uint8_t>(cw >> (8 * q)), {e.x, e.y}));
+          gv[4 * j + q] = g4[q];
+        }
+      }
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int v = j < nj ? valid_of(j) : 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (q < v)
+            s = s + xv[4 * j + q];
+      }
+      const float mean = ops::div_rn(ln_all_sum(s), n);
+      s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int v = j < nj ? valid_of(j) : 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (q < v) {
+            const float d = xv[4 * j + q] - mean;
+            s = s + d * d;
+          }
+        }
+      }
+      const float rstd = ops::ln_rstd(ln_all_sum(s), n, a.eps);
+      float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c0 = 128 * j + 4 * lane, v = j < nj ? valid_of(j) : 0;
+        const float4 w4 = load4(wt + c0);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (q < v) {
+            const float g = gv[4 * j + q] * w[q];
+            sg = sg + g;
+            sgx = sgx + g * ((xv[4 * j + q] - mean) * rstd);
+          }
+        }
+      }
+#pragma unroll
+      for (int h = ops::ln_lanes / 2; h > 0; h >>= 1) {
+        const float og = __shfl_xor_sync(0xFFFFFFFFu, sg, h);
+        const float ogx = __shfl_xor_sync(0xFFFFFFFFu, sgx, h);
+        sg = sg + og;
+        sgx = sgx + ogx;
+      }
+      const float ma = ops::div_rn(sg, n), mb = ops::div_rn(sgx, n);
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const int c0 = 128 * j + 4 * lane, v = j < nj ? valid_of(j) : 0;
+        if (v == 0)
+          continue;
+        const float4 w4 = load4(wt + c0);
+        const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+        float out[4], xh[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          xh[q] = (xv[4 * j + q] - mean) * rstd;
+          out[q] = ops::ln_gx(gv[4 * j + q] * w[q], xh[q], ma, mb, rstd);
+        }
+        const std::int64_t i0 = r * C + c0;
+        if (gx_all != nullptr) {
+          if (a.vec && v == 4) {
+            ln_store4(gx_all, i0, out);
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              if (q < v)
+                gx_all[i0 + q] = stored<D>(out[q]);
+          }
+        }
+        if (params) { // the columns past the row's end sum zeros: never read
+          float4 sw = load4(pw + c0), sb = load4(pb + c0);
+          sw.x = sw.x + gv[4 * j] * xh[0];
+          sw.y = sw.y + gv[4 * j + 1] * xh[1];
+          sw.z = sw.z + gv[4 * j + 2] * xh[2];
+          sw.w = sw.w + gv[4 * j + 3] * xh[3];
+          sb.x = sb.x + gv[4 * j];
+          sb.y = sb.y + gv[4 * j + 1];
+          sb.z = sb.z + gv[4 * j + 2];
+          sb.w = sb.w + gv[4 * j + 3];
+          store4(pw + c0, sw);
+          store4(pb + c0, sb);
+        }
+      }
+    }
+    if (params) {
+      for (int j = 0; j < nj; ++j) {
+        const int c0 = 128 * j + 4 * lane, v = valid_of(j);
+        for (int q = 0; q < v; ++q) {
+          a.part_w[k * C + c0 + q] = pw[c0 + q];
+          a.part_b[k * C + c0 + q] = pb[c0 + q];
+        }
+      }
+    }
+  }
+}
+
+// The chunks' column sums in float64: per segment of ln_segment chunks (seg), then the segments
+// in order (out), as the CPU twin's ln_column_sum; blockIdx.z picks the weight's (0) or the
+// bias's (1) sums. A whole segment's loads are issued before its additions.
+struct ln_sums {
+  const float* part[2];
+  double* seg[2];
+  float* out[2];
+};
+__global__ void ln_segment_kernel(const ln_sums t, std::int64_t chunks, int cols) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const bool z = blockIdx.z != 0; // (no array indexed at run time: t stays in registers)
+  if (c >= cols || (z ? t.out[1] : t.out[0]) == nullptr)
+    return;
+  const float* part = z ? t.part[1] : t.part[0];
+  double* seg = z ? t.seg[1] : t.seg[0];
+  const std::int64_t segments = (chunks + ops::ln_segment - 1) / ops::ln_segment;
+  for (std::int64_t s = blockIdx.y; s < segments; s += gridDim.y) {
+    double acc = 0.0;
+    const std::int64_t k0 = s * ops::ln_segment, k1 = min(chunks, k0 + ops::ln_segment);
+    if (k1 - k0 == ops::ln_segment) {
+      float v[ops::ln_segment];
+#pragma unroll
+      for (int k = 0; k < ops::ln_segment; ++k)
+        v[k] = part[(k0 + k) * cols + c];
+#pragma unroll
+      for (int k = 0; k < ops::ln_segment; ++k)
+        acc += static_cast<double>(v[k]);
+    } else {
+      for (std::int64_t k = k0; k < k1; ++k)
+        acc += static_cast<double>(part[k * cols + c]);
+    }
+    seg[s * cols + c] = acc;
+  }
+}
+__global__ void ln_total_kernel(const ln_sums t, std::int64_t segments, int cols) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const bool z = blockIdx.z != 0;
+  float* out = z ? t.out[1] : t.out[0];
+  if (c >= cols || out == nullptr)
+    return;
+  const double* seg = z ? t.seg[1] : t.seg[0];
+  double total = 0.0;
+  for (std::int64_t s = 0; s < segments; ++s)
+    total += seg[s * cols + c];
+  out[c] = ops::canonical(static_cast<float>(total));
+}
+
+// ---- the activations' backward from codes ----------------------------------------------------
+//
+// Four consecutive elements per thread and step (vector accesses where every buffer is aligned
+// for them), a grid-stride loop. An element's input is one of its group's 256 dequantized values,
+// so with Table (every group's 256 derivatives and values fit in shared memory) each block first
+// tabulates them, and an element costs a lookup and a product: the same bits as the per-element
+// evaluation (Table false), which larger group counts take.
+constexpr int act_table_groups = 24; // 24 x 256 x 8 bytes: 48 KiB
+
+struct act_args {
+  const std::uint8_t* codes;
+  const float* alpha;
+  const float* beta;
+  const void* dy;
+  void* gx;
+  void* value; // null: not wanted
+  std::int64_t n, groups;
+  group_index grp;
+  bool uniform4; // run % 4 == 0
+  bool vec;
+};
+
+template <class D, activation_ops::activation F, bool Table>
+__global__ void __launch_bounds__(256) activation_backward_kernel(const act_args a) {
+  extern __shared__ float act_tables[]; // Table: derivatives [groups][256], then values
+  const auto* dy = static_cast<const D*>(a.dy);
+  auto* gx = static_cast<D*>(a.gx);
+  auto* value = static_cast<D*>(a.value);
+  const bool want_value = value != nullptr;
+  const auto x_of = [&](std::uint8_t code, std::int64_t g) {
+    return as_stored<D>(ops::dequantize(code, {__ldg(a.alpha + g), __ldg(a.beta + g)}));
+  };
+  if constexpr (Table) {
+    const int entries = static_cast<int>(a.groups) * 256;
+    for (int k = static_cast<int>(threadIdx.x); k < entries; k += static_cast<int>(blockDim.x)) {
+      const float x = x_of(static_cast<std::uint8_t>(k & 255), k >> 8);
+      act_tables[k] = activation_ops::derivative(F, x);
+      if (want_value)
+        act_tables[entries + k] = activation_ops::value(F, x);
+    }
+    __syncthreads();
+  }
+  // The derivative and the value at a code of group g.
+  const auto at = [&](std::uint8_t code, std::int64_t g, float& d, float& v) {
+    if constexpr (Table) {
+      const int k = static_cast<int>(g) * 256 + code;
+      d = act_tables[k];
+      v = want_value ? act_tables[static_cast<int>(a.groups) * 256 + k] : 0.0f;
+    } else {
+      const float x = x_of(code, g);
+      d = activation_ops::derivative(F, x);
+      v = want_value ? activation_ops::value(F, x) : 0.0f;
+    }
+  };
+  const std::int64_t quads = (a.n + 3) / 4;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < quads;
+       t += stride) {
+    const std::int64_t i0 = 4 * t;
+    const int valid = a.n - i0 >= 4 ? 4 : static_cast<int>(a.n - i0);
+    float g[4], out_g[4], out_v[4];
+    std::uint32_t cw = 0;
+    if (a.vec && valid == 4) {
+      cw = __ldcs(reinterpret_cast<const unsigned*>(a.codes + i0));
+      ln_load4(dy, i0, g);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const bool in = q < valid;
+        cw |= static_cast<std::uint32_t>(in ? __ldcs(a.codes + i0 + q) : 0) << (8 * q);
+        g[q] = in ? ln_load(dy, i0 + q) : 0.0f;
+      }
+    }
+    const std::int64_t g0 = a.grp(i0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float d = 0.0f, v = 0.0f;
+      at(static_cast<std::uint8_t>(cw >> (8 * q)), a.uniform4 || q == 0 ? g0 : a.grp(i0 + q), d, v);
+      out_g[q] = activation_ops::gradient_of(F, d, g[q]);
+      out_v[q] = v;
+    }
+    if (a.vec && valid == 4) {
+      ln_store4(gx, i0, out_g);
+      if (want_value)
+        ln_store4(value, i0, out_v);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (q < valid) {
+          gx[i0 + q] = stored<D>(out_g[q]);
+          if (want_value)
+            value[i0 + q] = stored<D>(out_v[q]);
+        }
+      }
+    }
+  }
+}
+
+template <class D, int J> void launch_ln_backward(const ln_args& a, cudaStream_t s) {
+  constexpr auto kernel =
+      J > 0 ? ln_backward_kernel<D, (J > 0 ? J : 1)> : ln_backward_wide_kernel<D, 0>;
+  const int smem = J > 0 ? (3 + 2 * ln_warps) * 128 * J * 4 : 0;
+  const int per_sm = resident_blocks<kernel>(ln_warps * 32, smem);
+  const std::int64_t need = (a.chunks + ln_warps - 1) / ln_warps;
+  const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
+  const auto blocks = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(need, cap)));
+  kernel<<<blocks, ln_warps * 32, smem, s>>>(a);
+  check_launch("ln_backward_kernel");
+}
+
 } // namespace
 
 void actquant_quantize(const actquant_problem& p, const exec& ex) {
@@ -458,6 +1054,135 @@ void actquant_dequantize(const actquant_problem& p, const exec& ex) {
     });
   };
   switch (p.out.type) {
+  case dtype::bfloat16: run(bf16_out{}); break;
+  case dtype::float16: run(f16_out{}); break;
+  default: run(float{}); break;
+  }
+}
+
+void actquant_layer_norm_backward(const ln_backward_problem& p, const exec& ex) {
+  const cudaStream_t s = stream_of(ex);
+  const std::int64_t K = p.chunks();
+  const int C = static_cast<int>(p.cols);
+  const bool params = p.gw != nullptr || p.gb != nullptr;
+  std::optional<scratch> part, seg;
+  ln_args a{};
+  a.codes = p.codes;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  a.gy = p.gy;
+  a.weight = p.weight;
+  a.gx = p.gx;
+  a.rows = p.rows;
+  a.chunks = K;
+  a.cols = C;
+  a.group_size = static_cast<int>(p.group_size);
+  a.eps = p.eps;
+  const std::size_t esize = dtype_size(p.type);
+  const auto aligned = [](const void* q, std::size_t b) {
+    return q == nullptr || reinterpret_cast<std::uintptr_t>(q) % b == 0;
+  };
+  a.vec = C % 4 == 0 && aligned(p.codes, 4) && aligned(p.gy, 4 * esize) && aligned(p.gx, 4 * esize);
+  if (params && K > 0) {
+    part.emplace(2 * static_cast<std::size_t>(K) * C * sizeof(float), s);
+    a.part_w = part->as<float>();
+    a.part_b = a.part_w + K * C;
+  }
+  if (K > 0 && (p.gx != nullptr || params)) {
+    const int nj = (C + 127) / 128;
+    const auto run = [&](auto tag) {
+      using D = decltype(tag);
+      if (nj <= 1)
+        launch_ln_backward<D, 1>(a, s);
+      else if (nj <= 2)
+        launch_ln_backward<D, 2>(a, s);
+      else if (nj <= 4)
+        launch_ln_backward<D, 4>(a, s);
+      else if (nj <= 8)
+        launch_ln_backward<D, 8>(a, s);
+      else
+        launch_ln_backward<D, 0>(a, s);
+    };
+    switch (p.type) {
+    case dtype::bfloat16: run(bf16_out{}); break;
+    case dtype::float16: run(f16_out{}); break;
+    default: run(float{}); break;
+    }
+  }
+  if (!params)
+    return;
+  const std::int64_t S = (K + ops::ln_segment - 1) / ops::ln_segment;
+  seg.emplace(2 * static_cast<std::size_t>(S > 0 ? S : 1) * C * sizeof(double), s);
+  ln_sums t{};
+  t.part[0] = a.part_w;
+  t.part[1] = a.part_b;
+  t.seg[0] = seg->as<double>();
+  t.seg[1] = t.seg[0] + S * C;
+  t.out[0] = p.gw;
+  t.out[1] = p.gb;
+  const auto bx = static_cast<unsigned>((C + 255) / 256);
+  if (S > 0) {
+    const dim3 grid(bx, static_cast<unsigned>(std::min<std::int64_t>(S, 65535)), 2);
+    ln_segment_kernel<<<grid, 256, 0, s>>>(t, K, C);
+    check_launch("ln_segment_kernel");
+  }
+  ln_total_kernel<<<dim3(bx, 1, 2), 256, 0, s>>>(t, S, C);
+  check_launch("ln_total_kernel");
+}
+
+void actquant_activation_backward(const act_backward_problem& p, const exec& ex) {
+  const cudaStream_t s = stream_of(ex);
+  act_args a{};
+  a.codes = p.codes;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  a.dy = p.dy;
+  a.gx = p.gx;
+  a.value = p.value;
+  a.n = p.n;
+  a.groups = p.group.groups;
+  a.grp = group_index::of(p.group, p.n);
+  a.uniform4 = p.group.run % 4 == 0;
+  const std::size_t esize = dtype_size(p.type);
+  const auto aligned = [](const void* q, std::size_t b) {
+    return q == nullptr || reinterpret_cast<std::uintptr_t>(q) % b == 0;
+  };
+  a.vec = aligned(p.codes, 4) && aligned(p.dy, 4 * esize) && aligned(p.gx, 4 * esize) &&
+          aligned(p.value, 4 * esize);
+  // ReLU's derivative is a comparison: no table. Tables are built per block, so the grid is one
+  // wave of resident blocks where they are.
+  const bool table = p.f != actquant_activation::relu && a.groups <= act_table_groups;
+  const int smem = table ? static_cast<int>(a.groups) * 256 * 8 : 0;
+  const auto launch = [&](auto kernel, int per_sm) {
+    const std::int64_t need = ((p.n + 3) / 4 + 255) / 256;
+    const std::int64_t cap = static_cast<std::int64_t>(sm_count()) * per_sm;
+    const auto blocks = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(need, cap)));
+    kernel<<<blocks, 256, smem, s>>>(a);
+    check_launch("activation_backward_kernel");
+  };
+  const auto run = [&](auto tag) {
+    using D = decltype(tag);
+    using activation_ops::activation;
+    const auto with = [&](auto f_tag) {
+      constexpr activation F = decltype(f_tag)::value;
+      if (table) {
+        constexpr auto k = activation_backward_kernel<D, F, true>;
+        launch(k, resident_blocks<k>(256, act_table_groups * 256 * 8));
+      } else {
+        constexpr auto k = activation_backward_kernel<D, F, false>;
+        launch(k, 8);
+      }
+    };
+    switch (p.f) {
+    case activation::gelu: with(std::integral_constant<activation, activation::gelu>{}); break;
+    case activation::gelu_tanh:
+      with(std::integral_constant<activation, activation::gelu_tanh>{});
+      break;
+    case activation::silu: with(std::integral_constant<activation, activation::silu>{}); break;
+    default: with(std::integral_constant<activation, activation::relu>{}); break;
+    }
+  };
+  switch (p.type) {
   case dtype::bfloat16: run(bf16_out{}); break;
   case dtype::float16: run(f16_out{}); break;
   default: run(float{}); break;

@@ -11,5 +11,11 @@ void actquant_quantize(const actquant_problem&, const exec&) {
 void actquant_dequantize(const actquant_problem&, const exec&) {
   throw_no_cuda();
 }
+void actquant_layer_norm_backward(const ln_backward_problem&, const exec&) {
+  throw_no_cuda();
+}
+void actquant_activation_backward(const act_backward_problem&, const exec&) {
+  throw_no_cuda();
+}
 
 } // namespace lowbit::kernels::cuda

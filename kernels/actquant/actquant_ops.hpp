@@ -195,6 +195,58 @@ struct group_divider {
   }
 };
 
+// ---- LayerNorm's backward from codes (actquant_layer_norm_backward) -------------------------
+//
+// A row's sums S: element c into partial (c / 4) mod 32 (its lane in the CUDA kernel, which holds
+// the row's runs of four at 4 l + 128 j) in increasing c from +0, then the 32 partials pairwise:
+// p_l + p_(l xor h) for h = 16, 8, 4, 2, 1 (the butterfly of warp shuffles; float addition is
+// commutative, so every lane ends with the same bits). The parameter gradients: float32 sums over
+// chunks of ln_chunk_rows rows, the chunks' sums added in float64 per ln_segment chunks, those in
+// float64 in order, then rounded once.
+inline constexpr int ln_lanes = 32;
+inline constexpr std::int64_t ln_chunk_rows = 32;
+inline constexpr std::int64_t ln_segment = 64;
+
+LOWBIT_HD LOWBIT_INLINE constexpr int ln_lane(std::int64_t c) {
+  return static_cast<int>((c >> 2) & (ln_lanes - 1));
+}
+
+LOWBIT_HD LOWBIT_INLINE float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+LOWBIT_HD LOWBIT_INLINE float sqrt_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// The CPU form of the pairwise step over the 32 partials.
+inline float ln_combine(float (&p)[ln_lanes]) {
+  for (int h = ln_lanes / 2; h > 0; h >>= 1) {
+    float q[ln_lanes];
+    for (int l = 0; l < ln_lanes; ++l)
+      q[l] = p[l] + p[l ^ h];
+    for (int l = 0; l < ln_lanes; ++l)
+      p[l] = q[l];
+  }
+  return p[0];
+}
+
+// 1 / sqrt(S((x - mean)^2) / C + eps).
+LOWBIT_HD LOWBIT_INLINE float ln_rstd(float sum_sq, float c, float eps) {
+  return div_rn(1.0f, sqrt_rn(div_rn(sum_sq, c) + eps));
+}
+// An element's input gradient from g = gy w, xhat, a = S(g) / C, b = S(g xhat) / C.
+LOWBIT_HD LOWBIT_INLINE float ln_gx(float g, float xhat, float a, float b, float rstd) {
+  return ((g - a) - xhat * b) * rstd;
+}
+
 static_assert(value_of_key(key_of(-1.5f)) == -1.5f && value_of_key(key_of(2.0f)) == 2.0f);
 static_assert(key_of(-1.0f) < key_of(-0.0f) && key_of(-0.0f) < key_of(0.0f) &&
               key_of(0.0f) < key_of(1e-45f));

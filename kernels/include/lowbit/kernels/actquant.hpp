@@ -69,4 +69,56 @@ void actquant_dequantize(const tensor_view& codes, const tensor_view& alpha,
                          const tensor_view& beta, const tensor_view& out, const actquant_groups& g,
                          const exec& ex = {});
 
+// The element-wise activations of actquant_activation_backward.
+enum class actquant_activation : std::uint8_t {
+  gelu,      // x Phi(x) (torch's approximate="none")
+  gelu_tanh, // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (approximate="tanh")
+  silu,      // x / (1 + exp(-x))
+  relu       // max(x, 0)
+};
+
+// The backward pass of an element-wise activation from its input's 8-bit codes (Mesa's GELU,
+// SiLU, ReLU and the hidden layer of its MLP), one read of the codes and the gradient:
+//   x     = dequantize(codes[i]) rounded to D         (what actquant_dequantize writes as D)
+//   gx[i] = dy[i] f'(x)                                rounded to D
+//   value[i] = f(x)                                    rounded to D (optional: data null)
+// in float32 operations, one rounding each, by torch's formulas for f' (kernels/actquant/
+// activation_ops.hpp; exp, erf and tanh there are lowbit's own, within a few float32 ulps of the
+// exact functions: docs/techniques/mesa.md), identical on the CPU and the GPU. The value is the
+// MLP's input to its second layer, recomputed in backward for that layer's weight gradient.
+// dy (D: float32, bfloat16 or float16), gx and value (D) have codes' shape, all contiguous;
+// grouping as actquant_dequantize's.
+void actquant_activation_backward(const tensor_view& codes, const tensor_view& alpha,
+                                  const tensor_view& beta, const actquant_groups& g,
+                                  actquant_activation f, const tensor_view& dy,
+                                  const tensor_view& gx, const tensor_view& value = {},
+                                  const exec& ex = {});
+
+// LayerNorm's backward pass over the last dimension from its input's 8-bit codes, in one read of
+// the codes and the output gradient (Mesa's LayerNorm: lowbit.nn.mesa.MesaLayerNorm). codes is
+// [R, C] (any leading dimensions, C = codes.shape[-1] >= 1, rows R = numel / C) with groups of
+// group_size consecutive channels along the last dimension (actquant_groups{-1, group_size});
+// gy has codes' shape and dtype D (float32, bfloat16 or float16); weight is float32 [C] or
+// absent (data null: 1). Per row, in float32 with one rounding per operation:
+//   x_c  = dequantize(codes[c]) rounded to D          (what actquant_dequantize writes as D)
+//   mean = S(x) / C,  var = S((x - mean)^2) / C,  rstd = 1 / sqrt(var + eps)
+//   xhat = (x - mean) rstd,  g = gy w,  a = S(g) / C,  b = S(g xhat) / C
+//   gx_c = ((g_c - a) - xhat_c b) rstd                 rounded to D
+// where S is the row sum in the order of docs/techniques/mesa.md ("The backward passes that read
+// the codes"): element c into partial (c / 4) mod 32 in increasing c, then the 32 partials
+// pairwise (p_l + p_(l xor h) for h = 16, 8, 4, 2, 1). The parameter gradients over the rows:
+//   gw_c = sum_r gy_rc xhat_rc,  gb_c = sum_r gy_rc       (float32 [C])
+// each summed in float32 over chunks of 32 consecutive rows, the chunks' sums added in float64
+// in chunk order (per 64 chunks, then those sums in order), then rounded once. The result does
+// not depend on the device, the stream or the thread count. gx (D, codes' shape), gw and gb
+// (float32 [C]) are outputs; any of them may be absent (data null). R = 0: gw = gb = 0. A NaN
+// (a NaN estimate or gradient) gives NaN in the rows and columns it reaches, written as the
+// canonical quiet NaN of the output's dtype. C up to 2^24 (beyond it the float32 count C is not
+// exact).
+void actquant_layer_norm_backward(const tensor_view& codes, const tensor_view& alpha,
+                                  const tensor_view& beta, std::int64_t group_size,
+                                  const tensor_view& gy, const tensor_view& weight, float eps,
+                                  const tensor_view& gx, const tensor_view& gw,
+                                  const tensor_view& gb, const exec& ex = {});
+
 } // namespace lowbit::kernels
