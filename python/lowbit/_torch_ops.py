@@ -329,6 +329,15 @@ def eager_or_op(name: str):
 #       same read of x when `lagged` (kernels/include/lowbit/kernels/actquant.hpp).
 #   torch.ops.lowbit.actquant_dequantize(codes, alpha, beta, dim, group_size, out_dtype)
 #       codes * alpha[g] + beta[g] as out_dtype.
+#   torch.ops.lowbit.actquant_layer_norm_backward(codes, alpha, beta, group_size, gy, weight,
+#                                                 eps) -> (gx, gw, gb)
+#       layer_norm's backward over the last dimension from its input's codes (groups along the
+#       last dimension), the statistics recomputed from the dequantized input: gx as gy's
+#       dtype, gw and gb float32 (actquant_layer_norm_backward).
+#   torch.ops.lowbit.actquant_activation_backward(codes, alpha, beta, dim, group_size,
+#                                                 activation, dy, want_value) -> (gx, value)
+#       gx = dy f'(x) and f(x) (an empty tensor unless want_value) for the dequantized input x,
+#       as dy's dtype (actquant_activation_backward).
 
 _FLOAT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -403,5 +412,79 @@ def _(codes, alpha, beta, dim, group_size, out_dtype):
     return torch.empty_like(codes, dtype=out_dtype)
 
 
+def _actquant_layer_norm_backward(codes: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                                  group_size: int, gy: torch.Tensor,
+                                  weight: Optional[torch.Tensor],
+                                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if gy.dtype not in _FLOAT_CODES:
+        raise TypeError(f"gy: expected float32, bfloat16 or float16, got {gy.dtype}")
+    if codes.dtype != torch.uint8 or not codes.is_contiguous() or codes.dim() == 0:
+        raise ValueError("codes: expected a contiguous uint8 tensor of at least one dimension")
+    if gy.shape != codes.shape or gy.device != codes.device:
+        raise ValueError(f"gy: expected codes' shape {tuple(codes.shape)} on {codes.device}, got "
+                         f"{tuple(gy.shape)} on {gy.device}")
+    _check_estimates(codes, alpha, beta, -1, group_size)
+    c = codes.shape[-1]
+    if weight is not None and (weight.dtype != torch.float32 or weight.device != codes.device
+                               or weight.numel() != c):
+        raise ValueError(f"weight: expected {c} float32 elements on {codes.device}")
+    gy = gy.contiguous()
+    w = None if weight is None else weight.contiguous()
+    gx = torch.empty_like(gy, memory_format=torch.contiguous_format)
+    gw = torch.empty(c, dtype=torch.float32, device=codes.device)
+    gb = torch.empty(c, dtype=torch.float32, device=codes.device)
+    dt, di = _where(codes)
+    with _on_device(codes.device):
+        _core.actquant_layer_norm_backward_raw(
+            codes.data_ptr(), list(codes.shape), group_size, alpha.data_ptr(), beta.data_ptr(),
+            gy.data_ptr(), _FLOAT_CODES[gy.dtype], 0 if w is None else w.data_ptr(), eps,
+            gx.data_ptr(), gw.data_ptr(), gb.data_ptr(), dt, di, 0, _stream(codes.device))
+    return gx, gw, gb
+
+
+actquant_layer_norm_backward = _register(_actquant_layer_norm_backward)
+
+
+@actquant_layer_norm_backward.register_fake
+def _(codes, alpha, beta, group_size, gy, weight, eps):
+    c = codes.shape[-1]
+    return (torch.empty_like(gy, memory_format=torch.contiguous_format),
+            gy.new_empty(c, dtype=torch.float32), gy.new_empty(c, dtype=torch.float32))
+
+
+def _actquant_activation_backward(codes: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                                  dim: int, group_size: int, activation: str, dy: torch.Tensor,
+                                  want_value: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if dy.dtype not in _FLOAT_CODES:
+        raise TypeError(f"dy: expected float32, bfloat16 or float16, got {dy.dtype}")
+    if codes.dtype != torch.uint8 or not codes.is_contiguous():
+        raise ValueError("codes: expected a contiguous uint8 tensor")
+    if dy.shape != codes.shape or dy.device != codes.device:
+        raise ValueError(f"dy: expected codes' shape {tuple(codes.shape)} on {codes.device}, got "
+                         f"{tuple(dy.shape)} on {dy.device}")
+    _check_estimates(codes, alpha, beta, dim, group_size)
+    dy = dy.contiguous()
+    gx = torch.empty_like(dy, memory_format=torch.contiguous_format)
+    value = torch.empty_like(gx) if want_value else gx.new_empty(0)
+    dt, di = _where(codes)
+    with _on_device(codes.device):
+        _core.actquant_activation_backward_raw(
+            codes.data_ptr(), list(codes.shape), dim, group_size, alpha.data_ptr(),
+            beta.data_ptr(), activation, dy.data_ptr(), _FLOAT_CODES[dy.dtype], gx.data_ptr(),
+            value.data_ptr() if want_value else 0, dt, di, 0, _stream(codes.device))
+    return gx, value
+
+
+actquant_activation_backward = _register(_actquant_activation_backward)
+
+
+@actquant_activation_backward.register_fake
+def _(codes, alpha, beta, dim, group_size, activation, dy, want_value):
+    gx = torch.empty_like(dy, memory_format=torch.contiguous_format)
+    return gx, (torch.empty_like(gx) if want_value else gx.new_empty(0))
+
+
 EAGER["actquant_quantize"] = _actquant_quantize
 EAGER["actquant_dequantize"] = _actquant_dequantize
+EAGER["actquant_layer_norm_backward"] = _actquant_layer_norm_backward
+EAGER["actquant_activation_backward"] = _actquant_activation_backward

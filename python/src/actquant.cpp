@@ -111,6 +111,66 @@ void dequantize_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape
   k::actquant_dequantize(cv, av, bv, ov, g, ex);
 }
 
+// The optional outputs and the weight: pointer 0 means absent.
+k::tensor_view optional_vector(std::uintptr_t ptr, std::int64_t n, k::device dev) {
+  return ptr == 0 ? k::tensor_view{} : raw_view(ptr, dtype::float32, {n}, dev);
+}
+
+void layer_norm_backward_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape,
+                             std::int64_t group_size, std::uintptr_t alpha, std::uintptr_t beta,
+                             std::uintptr_t gy, int dtype_code, std::uintptr_t weight, float eps,
+                             std::uintptr_t gx, std::uintptr_t gw, std::uintptr_t gb,
+                             int device_type, int device_index, std::int64_t threads,
+                             std::uintptr_t stream) {
+  const k::device dev = device_of(device_type, device_index);
+  const k::tensor_view cv = raw_view(codes, dtype::uint8, shape, dev);
+  const std::int64_t groups = k::actquant_group_count(cv, k::actquant_groups{-1, group_size});
+  const std::int64_t cols = shape.empty() ? 0 : shape.back();
+  const dtype t = float_dtype(dtype_code, "gy");
+  const k::tensor_view av = raw_view(alpha, dtype::float32, {groups}, dev);
+  const k::tensor_view bv = raw_view(beta, dtype::float32, {groups}, dev);
+  const k::tensor_view gyv = raw_view(gy, t, shape, dev);
+  const k::tensor_view gxv = gx == 0 ? k::tensor_view{} : raw_view(gx, t, shape, dev);
+  const k::tensor_view wv = optional_vector(weight, cols, dev);
+  const k::tensor_view gwv = optional_vector(gw, cols, dev);
+  const k::tensor_view gbv = optional_vector(gb, cols, dev);
+  const k::exec ex = exec_of(threads, stream);
+  py::gil_scoped_release no_gil;
+  k::actquant_layer_norm_backward(cv, av, bv, group_size, gyv, wv, eps, gxv, gwv, gbv, ex);
+}
+
+void activation_backward_raw(std::uintptr_t codes, const std::vector<std::int64_t>& shape, int dim,
+                             std::int64_t group_size, std::uintptr_t alpha, std::uintptr_t beta,
+                             const std::string& activation, std::uintptr_t dy, int dtype_code,
+                             std::uintptr_t gx, std::uintptr_t value, int device_type,
+                             int device_index, std::int64_t threads, std::uintptr_t stream) {
+  const k::device dev = device_of(device_type, device_index);
+  const k::actquant_groups g{dim, group_size};
+  k::actquant_activation f{};
+  if (activation == "gelu")
+    f = k::actquant_activation::gelu;
+  else if (activation == "gelu_tanh")
+    f = k::actquant_activation::gelu_tanh;
+  else if (activation == "silu")
+    f = k::actquant_activation::silu;
+  else if (activation == "relu")
+    f = k::actquant_activation::relu;
+  else
+    fail(errc::invalid_argument,
+         "activation '" + activation + "': expected one of gelu, gelu_tanh, silu, relu");
+  const k::tensor_view cv = raw_view(codes, dtype::uint8, shape, dev);
+  const std::int64_t groups = k::actquant_group_count(cv, g);
+  const dtype t = float_dtype(dtype_code, "dy");
+  const k::tensor_view av = raw_view(alpha, dtype::float32, {groups}, dev);
+  const k::tensor_view bv = raw_view(beta, dtype::float32, {groups}, dev);
+  const k::tensor_view dyv = raw_view(dy, t, shape, dev);
+  const k::tensor_view gxv = raw_view(gx, t, shape, dev);
+  const k::tensor_view vv = value == 0 ? k::tensor_view{} : raw_view(value, t, shape, dev);
+  const k::exec ex = exec_of(threads, stream);
+  py::gil_scoped_release no_gil;
+  k::actquant_activation_backward(cv, av, bv, g, f, dyv, gxv, vv, ex);
+}
+
 } // namespace
 
 void bind_actquant(py::module_& m) {
@@ -131,6 +191,23 @@ void bind_actquant(py::module_& m) {
         py::arg("stream"),
         "out = codes * alpha[g] + beta[g] over raw pointers of contiguous tensors (out dtype "
         "code 0 float32, 1 bfloat16, 2 float16).");
+  m.def("actquant_layer_norm_backward_raw", &layer_norm_backward_raw, py::arg("codes"),
+        py::arg("shape"), py::arg("group_size"), py::arg("alpha"), py::arg("beta"), py::arg("gy"),
+        py::arg("dtype"), py::arg("weight"), py::arg("eps"), py::arg("gx"), py::arg("gw"),
+        py::arg("gb"), py::arg("device_type"), py::arg("device_index"), py::arg("threads"),
+        py::arg("stream"),
+        "LayerNorm's backward over the last dimension from its input's codes "
+        "(kernels/include/lowbit/kernels/actquant.hpp, actquant_layer_norm_backward) over raw "
+        "pointers of contiguous tensors: gy and gx of dtype code 0 float32, 1 bfloat16, "
+        "2 float16; weight, gw and gb float32 [C]; a pointer 0 is an absent weight or output.");
+  m.def("actquant_activation_backward_raw", &activation_backward_raw, py::arg("codes"),
+        py::arg("shape"), py::arg("dim"), py::arg("group_size"), py::arg("alpha"), py::arg("beta"),
+        py::arg("activation"), py::arg("dy"), py::arg("dtype"), py::arg("gx"), py::arg("value"),
+        py::arg("device_type"), py::arg("device_index"), py::arg("threads"), py::arg("stream"),
+        "An activation's backward from its input's codes (actquant_activation_backward): gx = "
+        "dy f'(x) and, where value is not 0, value = f(x), x the dequantized input; dy, gx and "
+        "value of dtype code 0 float32, 1 bfloat16, 2 float16; activation gelu, gelu_tanh, "
+        "silu or relu.");
 }
 
 } // namespace lowbit::python

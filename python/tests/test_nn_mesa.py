@@ -150,10 +150,21 @@ def test_linear_backward_is_exact_on_dequantized_input():
 @pytest.mark.parametrize("cls,fn", [(mesa.MesaGELU, torch.nn.functional.gelu),
                                     (mesa.MesaSiLU, torch.nn.functional.silu),
                                     (mesa.MesaReLU, torch.nn.functional.relu)])
-def test_pointwise_backward_is_exact_on_dequantized_input(cls, fn):
+@pytest.mark.parametrize("fused", [False, True])
+def test_pointwise_backward_is_exact_on_dequantized_input(cls, fn, fused, monkeypatch):
+    """Unfused: torch's own derivative kernel on the dequantized input, bit for bit. Fused
+    (lowbit's kernel from the codes): torch's formula in lowbit's float32 arithmetic, whose exp
+    and normal distribution function lie within 6 float32 ulps of the exact ones
+    (test_actquant.cpp measures them); each of the derivative's two terms then carries at most
+    about 16 u of relative error (u = 2^-24) from those and its few roundings, so the
+    difference from torch's stays within 32 u of the terms' sizes; torch's GELU adds its own
+    absolute error of up to 2 u (it forms 0.5 (1 + erf(x / sqrt 2)) in float32, which for
+    negative x keeps only the error of 1 + erf, whatever the small result)."""
+    monkeypatch.setattr(mesa, "_FUSED_ACTIVATION_BACKWARD", fused)
     torch.manual_seed(1)
     m = cls(groups=4)
-    x = torch.randn(6, 16, requires_grad=True)
+    x = torch.randn(6, 16, requires_grad=True) * 3
+    x.retain_grad()
     st = {k[len("quant."):]: v for k, v in states(m).items()}
     y = m(x)
     assert torch.equal(y, fn(x))
@@ -161,7 +172,20 @@ def test_pointwise_backward_is_exact_on_dequantized_input(cls, fn):
     (got,) = grads(y, [x], gy)
     xd = dequantized(m.quant, x, st).requires_grad_()
     (want,) = grads(fn(xd), [xd], gy)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if not fused or cls is mesa.MesaReLU:
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        return
+    v = xd.detach().double()
+    if cls is mesa.MesaGELU:
+        terms = (torch.special.ndtr(v), v * torch.exp(-v * v / 2) / (2 * torch.pi) ** 0.5)
+        torch_abs = 2.0
+    else:
+        sig = torch.sigmoid(v)
+        terms = (sig, sig * v * (1 - sig))
+        torch_abs = 0.0
+    u = 2.0 ** -24
+    bound = gy.double().abs() * (32 * u * (terms[0].abs() + terms[1].abs()) + torch_abs * u)
+    assert ((got.double() - want.double()).abs() <= bound).all()
 
 
 def test_layernorm_backward_is_exact_on_dequantized_input():
@@ -197,6 +221,73 @@ def test_layernorm_backward_is_exact_on_dequantized_input():
     (want,) = grads(ln(x), [x], gy)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
     assert got[2].abs().max() < 10 * want[2].abs().max()
+
+
+def _layernorm_grads(m, x, gy, fused: bool):
+    old = mesa._FUSED_LAYER_NORM_BACKWARD
+    mesa._FUSED_LAYER_NORM_BACKWARD = fused
+    try:
+        xi = x.detach().clone().requires_grad_()
+        params = [p for p in (m.weight, m.bias) if p is not None]
+        return grads(m(xi), [xi, *params], gy)
+    finally:
+        mesa._FUSED_LAYER_NORM_BACKWARD = old
+
+
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_layernorm_fused_backward_equals_the_unfused_one(affine, bias, dtype):
+    """The fused kernel (one read of the codes and the gradient) against dequantize + var_mean +
+    aten's backward on the same codes: both evaluate layer_norm's backward on the dequantized
+    input in float32, in different orders (kernels/actquant/actquant_ops.hpp's sums against
+    aten's), so they agree to a few float32 ulps before the result's rounding to dtype, which
+    for 16-bit dtypes may then differ by one ulp of that dtype."""
+    torch.manual_seed(21)
+    width = 768 if dtype == torch.float32 else 200
+    m = mesa.MesaLayerNorm(width, elementwise_affine=affine, bias=bias, groups=12 if width == 768
+                           else 4).to(dtype)
+    if affine:
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+            if bias:
+                m.bias.uniform_(-0.5, 0.5)
+    x = (torch.randn(3, 45, width) * 2 + 0.5).to(dtype)
+    gy = torch.randn(3, 45, width).to(dtype)
+    state = states(m)
+    fused = _layernorm_grads(m, x, gy, True)
+    m.load_state_dict(state)  # the same estimates encode the second call
+    unfused = _layernorm_grads(m, x, gy, False)
+    assert len(fused) == len(unfused) == 1 + affine + bias
+    for f, u in zip(fused, unfused):
+        assert f.dtype == u.dtype
+        # Sums over a row (gx) or over the rows (gw, gb) that cancel: the difference is bounded
+        # relative to the tensor's largest value, not each element's (float32: a few ulps of
+        # sums of up to 768 terms; 16-bit: one ulp of the result).
+        eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-5
+        assert (f.float() - u.float()).abs().max() <= 2 * eps * u.float().abs().max()
+
+
+def test_layernorm_fused_backward_op_refuses_bad_input():
+    codes = torch.zeros(4, 8, dtype=torch.uint8)
+    a, b = torch.ones(2), torch.zeros(2)
+    gy = torch.zeros(4, 8)
+    op = ops._actquant_layer_norm_backward
+    with pytest.raises(TypeError, match="gy"):
+        op(codes, a, b, 4, gy.to(torch.float64), None, 1e-5)
+    with pytest.raises(ValueError, match="gy"):
+        op(codes, a, b, 4, torch.zeros(4, 9), None, 1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        op(codes, a, b, 4, gy, torch.ones(7), 1e-5)
+    with pytest.raises(ValueError, match="codes"):
+        op(codes.float(), a, b, 4, gy, None, 1e-5)
+    with pytest.raises(ValueError, match="alpha"):
+        op(codes, torch.ones(3), b, 4, gy, None, 1e-5)
+    with pytest.raises(Exception, match="eps"):
+        op(codes, a, b, 4, gy, None, float("nan"))
+    with pytest.raises(Exception, match="group_size"):
+        op(codes, a, b, 3, gy, None, 1e-5)
+    gx, gw, gb = op(codes[:0], a, b, 4, gy[:0], None, 1e-5)  # no rows: zero parameter grads
+    assert gx.shape == (0, 8) and torch.equal(gw, torch.zeros(8)) and torch.equal(gb, gw)
 
 
 def test_softmax_backward_is_exact_on_dequantized_output():
@@ -688,6 +779,66 @@ def test_cuda_equals_cpu():
         for p, q in zip(*outs):
             assert torch.equal(p.view(torch.uint8) if p.dtype != torch.uint8 else p,
                                q.view(torch.uint8) if q.dtype != torch.uint8 else q)
+
+
+@pytest.mark.gpu
+def test_cuda_layernorm_backward_equals_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import lowbit
+
+    if not lowbit._core.cuda_built():
+        pytest.skip("a build without CUDA kernels")
+    torch.manual_seed(14)
+    for rows, width, groups, dtype, affine in [(50432 // 8, 768, 12, torch.float32, True),
+                                               (97, 130, 2, torch.bfloat16, True),
+                                               (33, 1500, 3, torch.float16, False),
+                                               (5, 64, 1, torch.float32, False)]:
+        x = torch.randn(rows, width) * 3
+        gy = torch.randn(rows, width).to(dtype)
+        w = torch.rand(width) + 0.5 if affine else None
+        outs = []
+        for dev in ("cpu", "cuda"):
+            a, b = torch.full((groups,), -1.0, device=dev), torch.zeros(groups, device=dev)
+            c = ops._actquant_quantize(x.to(dev, dtype), a, b, -1, width // groups, True, False,
+                                       0.9, False, 0, 0, 0)
+            got = ops._actquant_layer_norm_backward(
+                c, a, b, width // groups, gy.to(dev), None if w is None else w.to(dev), 1e-5)
+            torch.cuda.synchronize()
+            outs.append([t.cpu() for t in got])
+        for p, q in zip(*outs):
+            assert torch.equal(p.view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_cuda_activation_backward_equals_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import lowbit
+
+    if not lowbit._core.cuda_built():
+        pytest.skip("a build without CUDA kernels")
+    torch.manual_seed(15)
+    for shape, dim, groups, dtype in [((50432 // 16, 3072), -1, 1, torch.bfloat16),
+                                      ((4, 12, 197, 64), 1, 12, torch.float32),
+                                      ((3, 5, 7, 11), 2, 7, torch.float16),   # runs of 11
+                                      ((2, 64, 9), 1, 32, torch.bfloat16),    # beyond the tables
+                                      ((5,), 0, 1, torch.float32)]:
+        x = torch.randn(shape) * 4
+        dy = torch.randn(shape).to(dtype)
+        dy.view(-1)[::97] = float("nan")
+        gs = shape[dim] // groups
+        for act in ("gelu", "gelu_tanh", "silu", "relu"):
+            outs = []
+            for dev in ("cpu", "cuda"):
+                a, b = torch.full((groups,), -1.0, device=dev), torch.zeros(groups, device=dev)
+                c = ops._actquant_quantize(x.to(dev, dtype), a, b, dim, gs, True, False, 0.9,
+                                           False, 0, 0, 0)
+                got = ops._actquant_activation_backward(c, a, b, dim, gs, act, dy.to(dev), True)
+                torch.cuda.synchronize()
+                outs.append([t.cpu() for t in got])
+            for p, q in zip(*outs):
+                assert torch.equal(p.view(torch.uint8), q.view(torch.uint8)), (shape, act)
 
 
 def test_lagged_quantizer_encodes_with_the_previous_estimates():

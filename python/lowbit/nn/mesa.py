@@ -305,29 +305,59 @@ class MesaLinear(nn.Linear):
 # ---- element-wise activations ---------------------------------------------------------------
 
 
+# Whether the activations' backward passes (MesaGELU, MesaSiLU, MesaReLU, MesaMlp) run lowbit's
+# fused kernel (actquant_activation_backward: the gradient, and for the MLP the recomputed
+# activation, from one read of the codes) where the input was saved as codes; False dequantizes
+# and runs torch's derivative kernels instead (the benchmark compares the two).
+_FUSED_ACTIVATION_BACKWARD = True
+
+
+def _fused_activation(act: "_Pointwise", packed: tuple) -> Optional[str]:
+    """The fused kernel's name for act's backward from `packed`, or None where it does not run."""
+    if len(packed) != 3 or not _FUSED_ACTIVATION_BACKWARD:
+        return None
+    return act._fused
+
+
+def _activation_backward(quant: "ActQuantizer", packed: tuple, name: str, dy: torch.Tensor,
+                         want_value: bool) -> tuple:
+    codes, alpha, beta = packed
+    return _ops.eager_or_op("actquant_activation_backward")(
+        codes, alpha, beta, quant.dim, codes.shape[quant.dim] // quant.groups, name, dy,
+        want_value)
+
+
 class _PointwiseFn(torch.autograd.Function):
-    """y = fn(x) with x saved in 8 bits; the backward is autograd's exact backward of fn at the
-    dequantized x: `grad(gy, xd)`, the derivative kernel autograd itself runs (without
-    evaluating fn again)."""
+    """y = fn(x) with x saved in 8 bits; the backward is the exact backward of fn at the
+    dequantized x: lowbit's fused kernel (torch's derivative formula in lowbit's float32
+    arithmetic, within a few float32 ulps of torch's) or `grad(gy, xd)`, the derivative kernel
+    autograd itself runs (without evaluating fn again)."""
 
     @staticmethod
-    def forward(ctx, x, quant, fn, grad):
+    def forward(ctx, x, module, fn, grad):
         with torch.autocast(x.device.type, enabled=False):
             y = fn(x)
-        packed = quant.pack(x)
-        ctx.quant, ctx.fn, ctx.grad, ctx.dtype = quant, fn, grad, x.dtype
+        packed = module.quant.pack(x)
+        ctx.module, ctx.fn, ctx.grad, ctx.dtype = module, fn, grad, x.dtype
         ctx.save_for_backward(*packed)
         return y
 
     @staticmethod
     @differentiable_once
     def backward(ctx, gy):
-        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
+        packed = ctx.saved_tensors
+        name = _fused_activation(ctx.module, packed)
+        if name is not None:
+            gx, _ = _activation_backward(ctx.module.quant, packed, name, gy.to(ctx.dtype), False)
+            return gx, None, None, None
+        xd = ctx.module.quant.unpack(packed, ctx.dtype)
         with torch.autocast(gy.device.type, enabled=False):
             return ctx.grad(gy, xd), None, None, None
 
 
 class _Pointwise(nn.Module):
+    _fused: Optional[str] = None  # actquant_activation_backward's name for the function
+
     def __init__(self, *, groups: int = 1, dim: int = -1, **quant) -> None:
         super().__init__()
         self.quant = ActQuantizer(groups, dim, **quant)
@@ -342,7 +372,7 @@ class _Pointwise(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _needs_saving(self, x):
             return self._fn(x)
-        return _PointwiseFn.apply(x, self.quant, self._fn, self._grad)
+        return _PointwiseFn.apply(x, self, self._fn, self._grad)
 
 
 class MesaGELU(_Pointwise):
@@ -351,6 +381,10 @@ class MesaGELU(_Pointwise):
     def __init__(self, approximate: str = "none", **kw) -> None:
         super().__init__(**kw)
         self.approximate = approximate
+
+    @property
+    def _fused(self) -> Optional[str]:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(self.approximate)
 
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate=self.approximate)
@@ -361,6 +395,8 @@ class MesaGELU(_Pointwise):
 
 class MesaSiLU(_Pointwise):
     """nn.SiLU saving its input in 8 bits."""
+
+    _fused = "silu"
 
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
@@ -386,11 +422,13 @@ class _ReLUFn(torch.autograd.Function):
 
 
 def _relu_grad(gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return gy * (x > 0).to(gy.dtype)
+    return torch.ops.aten.threshold_backward(gy, x, 0)  # relu's own backward kernel
 
 
 class MesaReLU(_Pointwise):
     """nn.ReLU saving its input in 8 bits (its backward needs only x > 0)."""
+
+    _fused = "relu"
 
     def _fn(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x)
@@ -437,8 +475,20 @@ class _MlpFn(torch.autograd.Function):
         gy = gy.to(dt)
         gx = gw1 = gb1 = gw2 = gb2 = None
         with torch.autocast(gy.device.type, enabled=False):
-            hd = ctx.qh.unpack(ph, dt)
             gy2 = gy.reshape(-1, gy.shape[-1])
+            name = _fused_activation(ctx.act, ph)
+            if name is not None and (need[0] or need[1] or need[2]):
+                # One read of h's codes and fc2's input gradient: the hidden gradient and, for
+                # fc2's weight gradient, act(h).
+                gh, a = _activation_backward(ctx.qh, ph, name, gy @ w2.to(dt), need[3])
+                if need[3]:
+                    gw2 = (gy2.t() @ a.reshape(-1, a.shape[-1])).to(w2.dtype)
+                    del a
+                if b2 is not None and need[4]:
+                    gb2 = gy2.sum(0).to(b2.dtype)
+                return (*_mlp_input_grads(ctx, px, gh, w1, b1, need), gw2, gb2,
+                        None, None, None, None)
+            hd = ctx.qh.unpack(ph, dt)
             if need[3]:
                 a = ctx.act._fn(hd)
                 gw2 = (gy2.t() @ a.reshape(-1, a.shape[-1])).to(w2.dtype)
@@ -448,15 +498,23 @@ class _MlpFn(torch.autograd.Function):
             if need[0] or need[1] or need[2]:
                 gh = ctx.act._grad(gy @ w2.to(dt), hd)
                 del hd
-                gh2 = gh.reshape(-1, gh.shape[-1])
-                if need[0]:
-                    gx = (gh @ w1.to(dt)).to(ctx.x_dtype)
-                if need[1]:
-                    xd = ctx.qx.unpack(px, dt)
-                    gw1 = (gh2.t() @ xd.reshape(-1, xd.shape[-1])).to(w1.dtype)
-                if b1 is not None and need[2]:
-                    gb1 = gh2.sum(0).to(b1.dtype)
+                gx, gw1, gb1 = _mlp_input_grads(ctx, px, gh, w1, b1, need)
         return gx, gw1, gb1, gw2, gb2, None, None, None, None
+
+
+def _mlp_input_grads(ctx, px: tuple, gh: torch.Tensor, w1, b1, need) -> tuple:
+    """fc1's gradients (input, weight, bias) from the hidden gradient gh."""
+    dt = ctx.dtype
+    gx = gw1 = gb1 = None
+    gh2 = gh.reshape(-1, gh.shape[-1])
+    if need[0]:
+        gx = (gh @ w1.to(dt)).to(ctx.x_dtype)
+    if need[1]:
+        xd = ctx.qx.unpack(px, dt)
+        gw1 = (gh2.t() @ xd.reshape(-1, xd.shape[-1])).to(w1.dtype)
+    if b1 is not None and need[2]:
+        gb1 = gh2.sum(0).to(b1.dtype)
+    return gx, gw1, gb1
 
 
 def _mlp(x: torch.Tensor, fc1: "MesaLinear", act: "_Pointwise", fc2: nn.Linear) -> torch.Tensor:
@@ -558,8 +616,14 @@ class _LayerNormFn(torch.autograd.Function):
     def backward(ctx, gy):
         saved = _unstash(ctx)
         packed, weight, bias = saved[:ctx.n_packed], saved[-2], saved[-1]
-        xd = ctx.quant.unpack(tuple(packed), ctx.dtype)
-        w, b = _cast(weight, ctx.dtype), _cast(bias, ctx.dtype)
+        if len(packed) == 3 and len(ctx.shape) == 1 and _FUSED_LAYER_NORM_BACKWARD:
+            return _layer_norm_backward_from_codes(ctx, tuple(packed), weight, bias, gy)
+        # The dequantized input as the module's dtype reads it; the backward in float32 (16-bit
+        # statistics, which aten's CPU kernel would take with a 16-bit input, move every
+        # normalized value by up to 2^-9 of the row's mean), as the fused kernel computes it.
+        xd = ctx.quant.unpack(tuple(packed), ctx.dtype).float()
+        w = None if weight is None else weight.to(ctx.dtype).float()
+        b = None if bias is None else bias.to(ctx.dtype).float()
         shape = list(ctx.shape)
         with torch.autocast(gy.device.type, enabled=False):
             # The statistics alone (one read of xd; native_layer_norm would write its output
@@ -569,13 +633,32 @@ class _LayerNormFn(torch.autograd.Function):
             var, mean = torch.var_mean(xd, dims, correction=0, keepdim=True)
             rstd = torch.rsqrt(var + ctx.eps)
             gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-                gy.to(ctx.dtype), xd, shape, mean, rstd, w, b,
+                gy.to(ctx.dtype).float(), xd, shape, mean, rstd, w, b,
                 [ctx.needs_input_grad[0], w is not None and ctx.needs_input_grad[1],
                  b is not None and ctx.needs_input_grad[2]])
-        gx = None if gx is None else gx.to(ctx.x_dtype)
+        gx = None if gx is None else gx.to(ctx.dtype).to(ctx.x_dtype)
         gw = None if gw is None else gw.to(weight.dtype)
         gb = None if gb is None else gb.to(bias.dtype)
         return gx, gw, gb, None, None, None, None
+
+
+# Whether MesaLayerNorm's backward runs the fused kernel (lowbit's actquant_layer_norm_backward:
+# one read of the codes and the gradient) where it applies (codes saved, normalized over the last
+# dimension alone); False runs the dequantize, var_mean and aten's backward kernel instead (the
+# benchmark compares the two).
+_FUSED_LAYER_NORM_BACKWARD = True
+
+
+def _layer_norm_backward_from_codes(ctx, packed: tuple, weight, bias, gy) -> tuple:
+    codes, alpha, beta = packed
+    w = None if weight is None else weight.to(ctx.dtype).float()
+    gx, gw, gb = _ops.eager_or_op("actquant_layer_norm_backward")(
+        codes, alpha, beta, codes.shape[-1] // ctx.quant.groups, gy.to(ctx.dtype), w, ctx.eps)
+    need = ctx.needs_input_grad
+    return (gx.to(ctx.x_dtype) if need[0] else None,
+            gw.to(weight.dtype) if weight is not None and need[1] else None,
+            gb.to(bias.dtype) if bias is not None and need[2] else None,
+            None, None, None, None)
 
 
 class MesaLayerNorm(nn.LayerNorm):
