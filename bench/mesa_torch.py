@@ -17,7 +17,9 @@ and v saved in 8 bits), `mesa_sdpa` (Mesa with the fused attention core recomput
 from 8-bit q, k, v), both with `_lagged` (each batch encoded by the estimates of the batches
 before it, updated from the same read: one pass over each saved tensor instead of two), and any
 of those with `_mlp` (the MLP as one MesaMlp: its input and hidden saved, fc2's input recomputed
-from the hidden in backward, where module by module fc2 saves its own). For each:
+from the hidden in backward, where module by module fc2 saves its own), and any Mesa variant
+with `_unfused` (LayerNorm's and the activations' backward passes from dequantized tensors by
+torch's kernels instead of lowbit's fused kernels, which read the codes). For each:
 - activation_MiB: torch.cuda.max_memory_allocated during one training step minus the memory
   allocated when it starts (the parameters and the optimizer's states; the gradients are freed
   between steps, so they count in the step's peak, equally in every variant);
@@ -120,6 +122,7 @@ class Stack(nn.Module):
 
 
 def build(variant: str, cfg: dict, device: str) -> nn.Module:
+    variant = variant.removesuffix("_unfused")
     torch.manual_seed(0)
     model = Stack(cfg["width"], cfg["heads"], cfg["depth"], fused=variant != "bf16_explicit")
     model = model.to(device)
@@ -148,9 +151,19 @@ class Variant:
             with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
                 return F.cross_entropy(model(x), y)
 
+        unfused = variant.endswith("_unfused")
+
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            forward().backward()
+            if unfused:  # the backward passes from dequantized tensors and torch's kernels
+                import lowbit.nn.mesa as mesa
+
+                mesa._FUSED_LAYER_NORM_BACKWARD = mesa._FUSED_ACTIVATION_BACKWARD = False
+            try:
+                forward().backward()
+            finally:
+                if unfused:
+                    mesa._FUSED_LAYER_NORM_BACKWARD = mesa._FUSED_ACTIVATION_BACKWARD = True
             opt.step()
 
         self.step = step
@@ -259,7 +272,65 @@ def kernel_rows(device: str) -> list[dict]:
         for r in rows[-len(cases):]:
             r["vs_copy"] = r["GBps"] / copy
         del x, codes
+    rows += backward_rows(device)
     torch.cuda.empty_cache()
+    return rows
+
+
+def backward_rows(device: str) -> list[dict]:
+    """The fused backward passes from codes against the unfused ones (dequantize, then torch's
+    kernels) at ViT-B's batch-256 sizes: LayerNorm over [50432, 768] (float32, as under
+    autocast) and GELU over the MLP's hidden [50432, 3072] (bfloat16; `+ value`: also GELU's
+    value, as MesaMlp's backward takes it). Bytes per element as each moves them."""
+    from lowbit import _torch_ops as ops
+
+    rows = []
+    tokens = 256 * TOKENS
+    x = torch.randn(tokens, 768, device=device) * 2
+    a, b = torch.full((12,), -1.0, device=device), torch.zeros(12, device=device)
+    codes = ops._actquant_quantize(x, a, b, -1, 64, True, False, 0.9, False, 0, 0, 0)
+    gy, w, bias = torch.randn_like(x), torch.rand(768, device=device), torch.zeros(768,
+                                                                               device=device)
+
+    def ln_unfused():
+        xd = ops._actquant_dequantize(codes, a, b, -1, 64, torch.float32)
+        var, mean = torch.var_mean(xd, (1,), correction=0, keepdim=True)
+        return torch.ops.aten.native_layer_norm_backward(gy, xd, [768], mean,
+                                                         torch.rsqrt(var + 1e-6), w, bias,
+                                                         [True, True, True])
+
+    cases = {"copy float32 (clone)": (lambda: x.clone(), 8),
+             "layer_norm backward, fused": (lambda: ops._actquant_layer_norm_backward(
+                 codes, a, b, 64, gy, w, 1e-6), 9),
+             "layer_norm backward, unfused": (ln_unfused, 21)}
+    h = torch.randn(tokens, 3072, device=device, dtype=torch.bfloat16)
+    ah, bh = torch.full((1,), -1.0, device=device), torch.zeros(1, device=device)
+    hc = ops._actquant_quantize(h, ah, bh, -1, 3072, True, False, 0.9, False, 0, 0, 0)
+    dy = torch.randn_like(h)
+
+    def gelu_unfused(value: bool):
+        hd = ops._actquant_dequantize(hc, ah, bh, -1, 3072, torch.bfloat16)
+        v = F.gelu(hd) if value else None
+        return torch.ops.aten.gelu_backward(dy, hd), v
+
+    cases.update({
+        "copy bfloat16 (clone)": (lambda: h.clone(), 4),
+        "gelu backward, fused": (lambda: ops._actquant_activation_backward(
+            hc, ah, bh, -1, 3072, "gelu", dy, False), 5),
+        "gelu backward, unfused": (lambda: gelu_unfused(False), 9),
+        "gelu backward + value, fused": (lambda: ops._actquant_activation_backward(
+            hc, ah, bh, -1, 3072, "gelu", dy, True), 7),
+        "gelu backward + value, unfused": (lambda: gelu_unfused(True), 13)})
+    copy = 0.0
+    for op, (fn, per) in cases.items():
+        wide = op.startswith("gelu") or "bfloat16" in op
+        n = (h if wide else x).numel()
+        ms = _event_ms(fn)
+        gbps = per * n / ms / 1e6
+        copy = gbps if op.startswith("copy") else copy
+        rows.append({"tensor": f"ViT-B batch 256 [{tokens}, {3072 if wide else 768}]", "op": op,
+                     "elements": n, "bytes_per_element": per, "ms": ms, "GBps": gbps,
+                     "vs_copy": gbps / copy})
     return rows
 
 
@@ -310,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-kernels", action="store_true", help="leave out the kernels' GB/s")
     ap.add_argument("--variants", default="bf16,bf16_explicit,mesa_explicit,mesa_sdpa,"
-                    "mesa_explicit_lagged,mesa_sdpa_lagged,mesa_sdpa_lagged_mlp")
+                    "mesa_explicit_lagged,mesa_sdpa_lagged,mesa_sdpa_lagged_mlp,"
+                    "mesa_sdpa_lagged_mlp_unfused")
     a = ap.parse_args(argv)
     cfg = dict(MODELS[a.model])
     if a.depth is not None:
@@ -336,10 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels = []
     if a.device.startswith("cuda") and not a.no_kernels:
         kernels = kernel_rows(a.device)
-        print(f"{'tensor (bf16)':34s} {'op':20s} {'B/elem':>6s} {'ms':>8s} {'GB/s':>8s} "
+        print(f"{'tensor (bf16)':34s} {'op':30s} {'B/elem':>6s} {'ms':>8s} {'GB/s':>8s} "
               f"{'vs copy':>8s}")
         for r in kernels:
-            print(f"{r['tensor']:34s} {r['op']:20s} {r['bytes_per_element']:6d} {r['ms']:8.3f} "
+            print(f"{r['tensor']:34s} {r['op']:30s} {r['bytes_per_element']:6d} {r['ms']:8.3f} "
                   f"{r['GBps']:8.0f} {r['vs_copy']:8.2f}")
     train = None
     if a.train_steps > 0:
