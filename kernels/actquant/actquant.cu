@@ -494,42 +494,19 @@ __device__ __forceinline__ float ln_all_sum(float v) {
   return v;
 }
 
-// Rows wider than 1024 (ln_backward_wide_kernel<D, 0>): every pass reads the row again, and the
-// chunk's column sums accumulate in the chunk's slots of the partials in global memory. (Its
-// J > 0 forms, the rows in registers, are not launched: ln_backward_kernel below is their tuned
-// form.)
-template <class D, int J>
+// Rows wider than 1024: every pass reads the row again (from L2 or memory), and the chunk's
+// column sums accumulate in the chunk's slots of the partials in global memory.
+template <class D>
 __global__ void __launch_bounds__(ln_warps * 32) ln_backward_wide_kernel(const ln_args a) {
-  extern __shared__ float4 ln_smem[];
-  constexpr int R = J > 0 ? 4 * J : 1; // registers per lane and array
   const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
   const int C = a.cols, nj = (C + 127) / 128;
   const bool params = a.part_w != nullptr;
   const auto* codes = a.codes;
   const auto* gy_all = static_cast<const D*>(a.gy);
   auto* gx_all = static_cast<D*>(a.gx);
-  float* pw_s = nullptr;
-  float* pb_s = nullptr;
-  float2* ab = nullptr;
-  if constexpr (J > 0) {
-    auto* base = reinterpret_cast<float*>(ln_smem);
-    pw_s = base + w * 2 * 128 * J;
-    pb_s = pw_s + 128 * J;
-    ab = reinterpret_cast<float2*>(base + ln_warps * 2 * 128 * J);
-    for (int c = static_cast<int>(threadIdx.x); c < C; c += static_cast<int>(blockDim.x)) {
-      const int g = c / a.group_size;
-      ab[c] = make_float2(__ldg(a.alpha + g), __ldg(a.beta + g));
-    }
-    __syncthreads();
-  }
   const auto estimate_at = [&](int c) -> ops::estimate {
-    if constexpr (J > 0) {
-      const float2 e = ab[c];
-      return {e.x, e.y};
-    } else {
-      const int g = c / a.group_size;
-      return {__ldg(a.alpha + g), __ldg(a.beta + g)};
-    }
+    const int g = c / a.group_size;
+    return {__ldg(a.alpha + g), __ldg(a.beta + g)};
   };
   // How many of run j's four columns (c0 = 128 j + 4 lane ...) lie inside the row.
   const auto valid_of = [&](int j) {
@@ -564,45 +541,20 @@ __global__ void __launch_bounds__(ln_warps * 32) ln_backward_wide_kernel(const l
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * ln_warps;
   for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * ln_warps + w; k < a.chunks;
        k += stride) {
-    float* pw = J > 0 ? pw_s : (params ? a.part_w + k * C : nullptr);
-    float* pb = J > 0 ? pb_s : (params ? a.part_b + k * C : nullptr);
+    float* pw = params ? a.part_w + k * C : nullptr;
+    float* pb = params ? a.part_b + k * C : nullptr;
     const std::int64_t r0 = k * ops::ln_chunk_rows;
     const std::int64_t r1 = min(a.rows, r0 + ops::ln_chunk_rows);
     for (std::int64_t r = r0; r < r1; ++r) {
-      float xv[R], gv[R];
-      if constexpr (J > 0) {
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          float x4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, g4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          if (j < nj)
-            load_run(r, j, x4, g4);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            xv[4 * j + q] = x4[q];
-            gv[4 * j + q] = g4[q];
-          }
-        }
-      }
       // A row sum of term(x, gy, column) over the lane's elements, then the butterfly.
       const auto row_sum = [&](auto term) {
         float s = 0.0f;
-        if constexpr (J > 0) {
-#pragma unroll
-          for (int j = 0; j < J; ++j) {
-            const int v = j < nj ? valid_of(j) : 0;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              if (q < v)
-                s = s + term(xv[4 * j + q], gv[4 * j + q], 128 * j + 4 * lane + q);
-          }
-        } else {
-          for (int j = 0; j < nj; ++j) {
-            float x[4], gy[4];
-            load_run(r, j, x, gy);
-            const int v = valid_of(j);
-            for (int q = 0; q < v; ++q)
-              s = s + term(x[q], gy[q], 128 * j + 4 * lane + q);
-          }
+        for (int j = 0; j < nj; ++j) {
+          float x[4], gy[4];
+          load_run(r, j, x, gy);
+          const int v = valid_of(j);
+          for (int q = 0; q < v; ++q)
+            s = s + term(x[q], gy[q], 128 * j + 4 * lane + q);
         }
         return ln_all_sum(s);
       };
@@ -646,36 +598,10 @@ __global__ void __launch_bounds__(ln_warps * 32) ln_backward_wide_kernel(const l
           }
         }
       };
-      if constexpr (J > 0) {
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-          if (j < nj) {
-            float x4[4], g4[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              x4[q] = xv[4 * j + q];
-              g4[q] = gv[4 * j + q];
-            }
-            finish_run(j, x4, g4);
-          }
-        }
-      } else {
-        for (int j = 0; j < nj; ++j) {
-          float x[4], gy[4];
-          load_run(r, j, x, gy);
-          finish_run(j, x, gy);
-        }
-      }
-    }
-    if constexpr (J > 0) {
-      if (params) {
-        for (int j = 0; j < nj; ++j) {
-          const int c0 = 128 * j + 4 * lane, v = valid_of(j);
-          for (int q = 0; q < v; ++q) {
-            a.part_w[k * C + c0 + q] = pw[c0 + q];
-            a.part_b[k * C + c0 + q] = pb[c0 + q];
-          }
-        }
+      for (int j = 0; j < nj; ++j) {
+        float x[4], gy[4];
+        load_run(r, j, x, gy);
+        finish_run(j, x, gy);
       }
     }
   }
@@ -999,7 +925,7 @@ __global__ void __launch_bounds__(256) activation_backward_kernel(const act_args
 
 template <class D, int J> void launch_ln_backward(const ln_args& a, cudaStream_t s) {
   constexpr auto kernel =
-      J > 0 ? ln_backward_kernel<D, (J > 0 ? J : 1)> : ln_backward_wide_kernel<D, 0>;
+      J > 0 ? ln_backward_kernel<D, (J > 0 ? J : 1)> : ln_backward_wide_kernel<D>;
   const int smem = J > 0 ? (3 + 2 * ln_warps) * 128 * J * 4 : 0;
   const int per_sm = resident_blocks<kernel>(ln_warps * 32, smem);
   const std::int64_t need = (a.chunks + ln_warps - 1) / ln_warps;
