@@ -73,8 +73,10 @@ LOWBIT_HD LOWBIT_INLINE float exp_f(float x) {
 // exponent -h^2 / 2 - l (x + h) / 2 carries the rounding of the small second part only (exp of
 // the rounded -x^2 / 2 would be off by |x^2 / 2| u relative: 80 ulps at x = 13).
 LOWBIT_HD LOWBIT_INLINE float exp_neg_half_square(float x) {
-  if (!(abs_f(x) < 15.0f)) // exp(-112.5) is below float's smallest subnormal; h + x overflows
-    return x == x ? 0.0f : x; // near float's maximum
+  // Beyond 15, exp(-112.5) is below float's smallest subnormal (and x + h would overflow near
+  // float's maximum); a NaN stays.
+  if (!(abs_f(x) < 15.0f))
+    return x == x ? 0.0f : x;
   const float h = bit_cast<float>(bit_cast<std::uint32_t>(x) & 0xFFFFF000u);
   const float l = x - h;
   return exp_f(-0.5f * (h * h)) * exp_f(-0.5f * (l * (x + h)));
