@@ -405,22 +405,6 @@ class MesaSiLU(_Pointwise):
         return torch.ops.aten.silu_backward(gy, x)
 
 
-class _ReLUFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, quant):
-        y = F.relu(x)
-        packed = quant.pack(x)
-        ctx.quant, ctx.dtype = quant, x.dtype
-        ctx.save_for_backward(*packed)
-        return y
-
-    @staticmethod
-    @differentiable_once
-    def backward(ctx, gy):
-        xd = ctx.quant.unpack(ctx.saved_tensors, ctx.dtype)
-        return _relu_grad(gy, xd), None
-
-
 def _relu_grad(gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.threshold_backward(gy, x, 0)  # relu's own backward kernel
 
@@ -435,11 +419,6 @@ class MesaReLU(_Pointwise):
 
     def _grad(self, gy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return _relu_grad(gy, x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _needs_saving(self, x):
-            return F.relu(x)
-        return _ReLUFn.apply(x, self.quant)
 
 
 # ---- the MLP: fc2(act(fc1(x))) -----------------------------------------------------------------
