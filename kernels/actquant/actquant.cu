@@ -7,7 +7,9 @@
 // so x is read twice (the estimates that quantize this call come from this call's statistics).
 // Without `update` only the last. Lagged (actquant_quantize_lagged): minmax_kernel also writes the
 // codes from the estimates as they are, then estimate_kernel: one read of x. Dequantize is one
-// flat map.
+// flat map. The backward passes that read codes (LayerNorm's: ln_backward_kernel, then two small
+// float64 reductions for the weight and bias gradients; the activations':
+// activation_backward_kernel) are described where they are defined, below.
 //
 // What keeps these passes at memory speed (the per-element work was 35 to 43 instructions, an
 // H200 then ran them at 0.4 of its copy bandwidth): a group is found from an index by two
