@@ -35,6 +35,16 @@ LOWBIT_HD LOWBIT_INLINE float pow2(int k) {
   return bit_cast<float>(static_cast<std::uint32_t>(k + 127) << 23);
 }
 
+// The polynomial with coefficients c_n, ..., c_0 (highest first) at x by Horner's rule: p = c_n,
+// then p = p x + c_k for k = n - 1 down to 0, each operation rounded once.
+LOWBIT_HD LOWBIT_INLINE constexpr float horner(float, float c) {
+  return c;
+}
+template <class... C>
+LOWBIT_HD LOWBIT_INLINE constexpr float horner(float x, float top, float next, C... rest) {
+  return horner(x, top * x + next, rest...);
+}
+
 // exp(x): x = k ln2 + r with k = rint(x log2(e)) and |r| <= 0.35 (ln2 in two parts, the first
 // with 15 significant bits, so that k times it is exact), exp(r) by its Taylor polynomial of
 // degree 7 (truncation below 6e-9 relative), then the factor 2^k (in two steps below 2^-126).
@@ -49,14 +59,9 @@ LOWBIT_HD LOWBIT_INLINE float exp_f(float x) {
   const float k = (x * 1.44269502f + magic) - magic;
   float r = x - k * 0.693145751953125f;
   r = r - k * 1.42860677e-06f;
-  float p = 1.98412698e-04f; // 1/5040
-  p = p * r + 1.38888889e-03f;
-  p = p * r + 8.33333333e-03f;
-  p = p * r + 4.16666667e-02f;
-  p = p * r + 1.66666667e-01f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  // 1/7!, 1/6!, ..., 1/1!, 1/0!
+  float p = horner(r, 1.98412698e-04f, 1.38888889e-03f, 8.33333333e-03f, 4.16666667e-02f,
+                   1.66666667e-01f, 0.5f, 1.0f, 1.0f);
   int ki = static_cast<int>(k);
   if (ki > 127) {
     p = p * 2.0f;
@@ -90,14 +95,9 @@ LOWBIT_HD LOWBIT_INLINE float normal_cdf(float x) {
   const float z = abs_f(x) * 0.707106781f;
   if (z < (x >= 0.0f ? 1.0f : 0.5f)) {
     const float s = z * z;
-    float p = -9.634991405e-06f;
-    p = p * s + 1.125464083e-04f;
-    p = p * s + -8.482507750e-04f;
-    p = p * s + 5.220923217e-03f;
-    p = p * s + -2.686539212e-02f;
-    p = p * s + 1.128378184e-01f;
-    p = p * s + -3.761263843e-01f;
-    p = p * s + 1.128379167e+00f;
+    const float p =
+        horner(s, -9.634991405e-06f, 1.125464083e-04f, -8.482507750e-04f, 5.220923217e-03f,
+               -2.686539212e-02f, 1.128378184e-01f, -3.761263843e-01f, 1.128379167e+00f);
     const float e = z * p;
     return 0.5f * (x >= 0.0f ? 1.0f + e : 1.0f - e);
   }
@@ -106,37 +106,18 @@ LOWBIT_HD LOWBIT_INLINE float normal_cdf(float x) {
     float q;
     if (t > 1.0f) {
       const float u = t - 1.5f;
-      q = 2.886982104e-04f;
-      q = q * u + -3.154247554e-04f;
-      q = q * u + -1.921536489e-04f;
-      q = q * u + 1.948780128e-03f;
-      q = q * u + -7.678523397e-03f;
-      q = q * u + 2.425587918e-02f;
-      q = q * u + -6.866266295e-02f;
-      q = q * u + 1.819259307e-01f;
-      q = q * u + 5.392844084e-01f;
+      q = horner(u, 2.886982104e-04f, -3.154247554e-04f, -1.921536489e-04f, 1.948780128e-03f,
+                 -7.678523397e-03f, 2.425587918e-02f, -6.866266295e-02f, 1.819259307e-01f,
+                 5.392844084e-01f);
     } else if (t >= 0.25f) {
       const float u = t - 0.625f;
-      q = -3.633073836e-02f;
-      q = q * u + 2.599390038e-02f;
-      q = q * u + 5.667907525e-03f;
-      q = q * u + -2.691475705e-02f;
-      q = q * u + 4.309277771e-02f;
-      q = q * u + -4.694360912e-02f;
-      q = q * u + 2.333700048e-02f;
-      q = q * u + 4.376696072e-02f;
-      q = q * u + -1.723948815e-01f;
-      q = q * u + 3.822837715e-01f;
-      q = q * u + 3.059529926e-01f;
+      q = horner(u, -3.633073836e-02f, 2.599390038e-02f, 5.667907525e-03f, -2.691475705e-02f,
+                 4.309277771e-02f, -4.694360912e-02f, 2.333700048e-02f, 4.376696072e-02f,
+                 -1.723948815e-01f, 3.822837715e-01f, 3.059529926e-01f);
     } else {
       const float u = t - 0.175f;
-      q = -3.969489870e-01f;
-      q = q * u + 3.406765939e-02f;
-      q = q * u + 2.281269456e-01f;
-      q = q * u + -1.801899550e-01f;
-      q = q * u + -1.285126254e-01f;
-      q = q * u + 5.400689220e-01f;
-      q = q * u + 9.728596123e-02f;
+      q = horner(u, -3.969489870e-01f, 3.406765939e-02f, 2.281269456e-01f, -1.801899550e-01f,
+                 -1.285126254e-01f, 5.400689220e-01f, 9.728596123e-02f);
     }
     const float half_erfc = 0.5f * (exp_neg_half_square(x) * q); // erfc(z) = exp(-z^2) Q
     return x >= 0.0f ? 1.0f - half_erfc : half_erfc;
@@ -157,13 +138,9 @@ LOWBIT_HD LOWBIT_INLINE float tanh_f(float x) {
   const float a = abs_f(x);
   if (a < 0.625f) {
     const float s = x * x;
-    float p = 2.125637811e-03f;
-    p = p * s + -8.155733859e-03f;
-    p = p * s + 2.169032683e-02f;
-    p = p * s + -5.394439278e-02f;
-    p = p * s + 1.333317997e-01f;
-    p = p * s + -3.333332960e-01f;
-    p = p * s + 9.999999999e-01f;
+    const float p =
+        horner(s, 2.125637811e-03f, -8.155733859e-03f, 2.169032683e-02f, -5.394439278e-02f,
+               1.333317997e-01f, -3.333332960e-01f, 9.999999999e-01f);
     return x * p;
   }
   if (a < 9.0f)

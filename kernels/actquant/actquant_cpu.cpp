@@ -50,33 +50,41 @@ template <class In> void update_estimates(const actquant_problem& p, const exec&
   }
 }
 
+// Calls fn(g, begin, end) for each run [begin, end) of consecutive elements of group g in
+// [0, n), the runs split across threads.
+template <class Fn>
+void for_each_run(const ops::group_of& group, std::int64_t n, int threads, Fn&& fn) {
+  parallel_for(n, threads, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e;) {
+      const std::int64_t end = std::min(e, (i / group.run + 1) * group.run);
+      fn(group(i), i, end);
+      i = end;
+    }
+  });
+}
+
 template <class In> void quantize_elements(const actquant_problem& p, const exec& ex) {
   const In* x = input<In>(p.x);
   auto* codes = static_cast<std::uint8_t*>(p.codes.data);
   const bool stochastic = p.pol.round == emu::rounding::stochastic;
-  parallel_for(p.n, ex.threads, [&](std::int64_t b, std::int64_t e) {
-    std::int64_t i = b;
-    while (i < e) {
-      const std::int64_t g = p.group(i);
-      const ops::step st = ops::step_of({p.alpha[g], p.beta[g]});
-      const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
-      if (p.pol.round == emu::rounding::nearest_even) {
-        for (; i < end; ++i)
-          codes[i] = ops::quantize_nearest(element_ops::load(x[i]), st);
-        continue;
-      }
-      if (!stochastic) {
-        for (; i < end; ++i)
-          codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, 0u);
-        continue;
-      }
-      // One Philox evaluation per four elements (element i draws word i % 4 of block i / 4).
-      emu::philox_block blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
-      for (; i < end; ++i) {
-        if ((i & 3) == 0)
-          blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
-        codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, blk.v[i & 3]);
-      }
+  for_each_run(p.group, p.n, ex.threads, [&](std::int64_t g, std::int64_t i, std::int64_t end) {
+    const ops::step st = ops::step_of({p.alpha[g], p.beta[g]});
+    if (p.pol.round == emu::rounding::nearest_even) {
+      for (; i < end; ++i)
+        codes[i] = ops::quantize_nearest(element_ops::load(x[i]), st);
+      return;
+    }
+    if (!stochastic) {
+      for (; i < end; ++i)
+        codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, 0u);
+      return;
+    }
+    // One Philox evaluation per four elements (element i draws word i % 4 of block i / 4).
+    emu::philox_block blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
+    for (; i < end; ++i) {
+      if ((i & 3) == 0)
+        blk = p.rng.block(static_cast<std::uint64_t>(i) >> 2);
+      codes[i] = ops::quantize(element_ops::load(x[i]), st, p.pol, blk.v[i & 3]);
     }
   });
 }
@@ -85,15 +93,10 @@ template <class Out, class Store>
 void dequantize_elements(const actquant_problem& p, const exec& ex, Store store) {
   const auto* codes = static_cast<const std::uint8_t*>(p.codes.data);
   Out* out = static_cast<Out*>(p.out.data);
-  parallel_for(p.n, ex.threads, [&](std::int64_t b, std::int64_t e) {
-    std::int64_t i = b;
-    while (i < e) {
-      const std::int64_t g = p.group(i);
-      const ops::estimate est{p.alpha[g], p.beta[g]};
-      const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
-      for (; i < end; ++i)
-        out[i] = store(ops::canonical(ops::dequantize(codes[i], est)));
-    }
+  for_each_run(p.group, p.n, ex.threads, [&](std::int64_t g, std::int64_t i, std::int64_t end) {
+    const ops::estimate est{p.alpha[g], p.beta[g]};
+    for (; i < end; ++i)
+      out[i] = store(ops::canonical(ops::dequantize(codes[i], est)));
   });
 }
 
@@ -179,27 +182,22 @@ template <class D> void activation_elements(const act_backward_problem& p, const
     deriv[static_cast<std::size_t>(k)] = activation_ops::derivative(p.f, x);
     val[static_cast<std::size_t>(k)] = value != nullptr ? activation_ops::value(p.f, x) : 0.0f;
   }
-  parallel_for(p.n, ex.threads, [&](std::int64_t b, std::int64_t e) {
-    std::int64_t i = b;
-    while (i < e) {
-      const std::int64_t g = p.group(i);
-      const ops::estimate est{p.alpha[g], p.beta[g]};
-      const std::int64_t end = std::min(e, (i / p.group.run + 1) * p.group.run);
-      for (; i < end; ++i) {
-        float d = 0.0f, v = 0.0f;
-        if (table) {
-          const auto k = static_cast<std::size_t>(g * 256 + p.codes[i]);
-          d = deriv[k];
-          v = val[k];
-        } else {
-          const float x = stored_input<D>(p.codes[i], est);
-          d = activation_ops::derivative(p.f, x);
-          v = value != nullptr ? activation_ops::value(p.f, x) : 0.0f;
-        }
-        gx[i] = stored_output<D>(activation_ops::gradient_of(p.f, d, element_ops::load(dy[i])));
-        if (value != nullptr)
-          value[i] = stored_output<D>(v);
+  for_each_run(p.group, p.n, ex.threads, [&](std::int64_t g, std::int64_t i, std::int64_t end) {
+    const ops::estimate est{p.alpha[g], p.beta[g]};
+    for (; i < end; ++i) {
+      float d = 0.0f, v = 0.0f;
+      if (table) {
+        const auto k = static_cast<std::size_t>(g * 256 + p.codes[i]);
+        d = deriv[k];
+        v = val[k];
+      } else {
+        const float x = stored_input<D>(p.codes[i], est);
+        d = activation_ops::derivative(p.f, x);
+        v = value != nullptr ? activation_ops::value(p.f, x) : 0.0f;
       }
+      gx[i] = stored_output<D>(activation_ops::gradient_of(p.f, d, element_ops::load(dy[i])));
+      if (value != nullptr)
+        value[i] = stored_output<D>(v);
     }
   });
 }

@@ -11,6 +11,8 @@
 #include <lowbit/emu/integer.hpp>
 #include <lowbit/emu/policy.hpp>
 
+#include "../common/element_ops.hpp"
+
 namespace lowbit::kernels::actquant_ops {
 
 using emu::detail::bit_cast;
@@ -211,20 +213,8 @@ LOWBIT_HD LOWBIT_INLINE constexpr int ln_lane(std::int64_t c) {
   return static_cast<int>((c >> 2) & (ln_lanes - 1));
 }
 
-LOWBIT_HD LOWBIT_INLINE float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-LOWBIT_HD LOWBIT_INLINE float sqrt_rn(float x) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(x);
-#else
-  return std::sqrt(x);
-#endif
-}
+using element_ops::div_rn;
+using element_ops::sqrt_rn;
 
 // The CPU form of the pairwise step over the 32 partials.
 inline float ln_combine(float (&p)[ln_lanes]) {

@@ -21,6 +21,8 @@
 
 #include <lowbit/emu/config.hpp>
 
+#include "../common/element_ops.hpp"
+
 namespace lowbit::kernels::optim_ops {
 
 // The coefficients of one step, computed once per call on the host (in double, each rounded
@@ -56,13 +58,7 @@ struct result3 {
 };
 template <bool S3> using result_t = std::conditional_t<S3, result3, result>;
 
-LOWBIT_HD LOWBIT_INLINE float sqrt_rn(float x) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(x);
-#else
-  return std::sqrt(x);
-#endif
-}
+using element_ops::sqrt_rn;
 
 // torch.lerp(m, g, w) for w < 0.5: m + w (g - m).
 LOWBIT_HD LOWBIT_INLINE float lerp(float m, float g, float w) {

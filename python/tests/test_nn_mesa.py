@@ -753,12 +753,6 @@ def test_torch_compile_fullgraph_matches_eager_bitwise(name):
 
 @pytest.mark.gpu
 def test_cuda_equals_cpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    import lowbit
-
-    if not lowbit._core.cuda_built():
-        pytest.skip("a build without CUDA kernels")
     torch.manual_seed(13)
     for shape, dim, groups, dtype in [((4, 12, 197, 64), 1, 12, torch.bfloat16),
                                       ((788, 768), -1, 12, torch.float32),
@@ -783,12 +777,6 @@ def test_cuda_equals_cpu():
 
 @pytest.mark.gpu
 def test_cuda_layernorm_backward_equals_cpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    import lowbit
-
-    if not lowbit._core.cuda_built():
-        pytest.skip("a build without CUDA kernels")
     torch.manual_seed(14)
     for rows, width, groups, dtype, affine in [(50432 // 8, 768, 12, torch.float32, True),
                                                (97, 130, 2, torch.bfloat16, True),
@@ -812,12 +800,6 @@ def test_cuda_layernorm_backward_equals_cpu():
 
 @pytest.mark.gpu
 def test_cuda_activation_backward_equals_cpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    import lowbit
-
-    if not lowbit._core.cuda_built():
-        pytest.skip("a build without CUDA kernels")
     torch.manual_seed(15)
     for shape, dim, groups, dtype in [((50432 // 16, 3072), -1, 1, torch.bfloat16),
                                       ((4, 12, 197, 64), 1, 12, torch.float32),
@@ -888,12 +870,6 @@ def test_cuda_tiny_vit_under_autocast(core, lagged, mlp):
     backward equals the exact backward on the dequantized saved tensors up to the bf16 matmuls'
     reordering (checked loosely here: the CPU tests check it exactly), the estimates live on the
     GPU and move."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    import lowbit
-
-    if not lowbit._core.cuda_built():
-        pytest.skip("a build without CUDA kernels")
     torch.manual_seed(16)
     model = _tiny.TinyViT(width=64, depth=2, heads=4).cuda()
     ref = copy.deepcopy(model)
